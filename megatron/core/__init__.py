@@ -1,0 +1,1 @@
+"""Megatron-Core: the library layer. Never imports `megatron.training`."""
