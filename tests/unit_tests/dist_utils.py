@@ -1,0 +1,65 @@
+"""Run a function on N CPU ranks (gloo) from inside a pytest test.
+
+    results = run_distributed(my_check, world_size=4, arg1, arg2)
+
+`my_check(rank, world_size, *args)` must be a module-level function (it is pickled for `spawn`). Each
+rank gets `torch.distributed` initialised with gloo over a file store; the return values come back as
+a list indexed by rank. An exception on any rank fails the test with that rank's traceback.
+"""
+
+import os
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _worker(rank, world_size, store_path, fn, args, queue):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # the parent reports it; a bare exit would hide the cause
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
+    """Runs `fn(rank, world_size, *args)` on `world_size` spawned gloo ranks; returns results by rank."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        processes = [
+            context.Process(target=_worker, args=(rank, world_size, store_path, fn, args, queue))
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        results, errors = {}, []
+        try:
+            for _ in range(world_size):
+                rank, status, payload = queue.get(timeout=timeout)
+                if status == "ok":
+                    results[rank] = payload
+                else:
+                    errors.append(f"rank {rank} failed:\n{payload}")
+                    break
+        finally:
+            for process in processes:
+                process.join(timeout=5 if errors else 60)
+                if process.is_alive():
+                    process.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[rank] for rank in range(world_size)]
