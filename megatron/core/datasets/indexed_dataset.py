@@ -395,6 +395,26 @@ class IndexedDatasetBuilder:
         if self._modes is not None:
             self._modes.extend(np.zeros(len(lengths), np.int8) if modes is None else modes)
 
+    def add_documents(self, tokens, sequence_lengths, sequences_per_document) -> None:
+        """Appends many documents at once: the bulk form of `add_document` (one write, no Python loop).
+
+        `tokens` holds every token, `sequence_lengths` every sequence's length, and
+        `sequences_per_document` how many of those sequences each document spans.
+        """
+        sequence_lengths = np.asarray(sequence_lengths, dtype=np.int32)
+        array = self._write_tokens(tokens)
+        if int(sequence_lengths.sum(dtype=np.int64)) != array.size:
+            raise ValueError(
+                f"sequence lengths add up to {int(sequence_lengths.sum(dtype=np.int64))} but {array.size} tokens were given"
+            )
+        counts = np.asarray(sequences_per_document, dtype=np.int64)
+        if int(counts.sum()) != len(sequence_lengths):
+            raise ValueError(f"documents span {int(counts.sum())} sequences but {len(sequence_lengths)} were given")
+        self._documents.extend(self._lengths.count + np.cumsum(counts))
+        self._lengths.extend(sequence_lengths)
+        if self._modes is not None:
+            self._modes.extend(np.zeros(len(sequence_lengths), np.int8))
+
     def end_document(self) -> None:
         self._documents.extend([self._lengths.count])
 
