@@ -1,0 +1,341 @@
+"""How many microbatches make one global batch, with optional batch-size ramp-up.
+
+Every step trains
+
+    global batch = micro batch size x number of microbatches x data-parallel size
+
+so the number of microbatches is global_batch / (micro_batch x dp) and must be a whole number. With
+`--rampup-batch-size START INCR SAMPLES` the global batch grows from START by INCR in
+(GBS - START) / INCR equal increments spread over SAMPLES consumed samples:
+
+    current(consumed) = GBS                                            if consumed > SAMPLES
+                        START + int(consumed / (SAMPLES / increments)) * INCR   otherwise
+
+e.g. `--rampup-batch-size 16 16 5859375 --global-batch-size 1536`: 95 increments of 16, one every
+61677.6 samples. One calculator lives in this module (Megatron's global); the training loop calls
+`update_num_microbatches(consumed_samples)` before every step.
+"""
+
+import logging
+from abc import ABC, abstractmethod
+from typing import List, Optional
+
+import torch.distributed as dist
+
+from . import parallel_state
+
+logger = logging.getLogger(__name__)
+
+_GLOBAL_NUM_MICROBATCHES_CALCULATOR = None
+
+
+def _data_parallel_derivation(data_parallel_size: int) -> Optional[str]:
+    """'data-parallel size 2 = world size 8 / (tensor 2 x pipeline 2 x context 1)', when it can be told."""
+    if not (dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
+        return None
+    world_size = dist.get_world_size()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    cp = parallel_state.get_context_parallel_world_size()
+    if world_size // (tp * pp * cp) != data_parallel_size:
+        return None
+    return (
+        f"data-parallel size {data_parallel_size} = world size {world_size} / (tensor {tp} x pipeline {pp} x "
+        f"context {cp} parallel)"
+    )
+
+
+def _batch_size_error(
+    batch_sizes: List[int],
+    micro_batch_size: int,
+    data_parallel_size: int,
+    decrease_batch_size_if_needed: bool,
+    is_ramp: bool = False,
+) -> ValueError:
+    """A message that shows the arithmetic, the nearest valid sizes and the other ways out."""
+    unit = micro_batch_size * data_parallel_size
+    first = batch_sizes[0]
+    shown = ", ".join(str(size) for size in batch_sizes[:8]) + (", ..." if len(batch_sizes) > 8 else "")
+    subject = f"ramp-up global batch sizes {shown} are" if is_ramp else f"global batch size {shown} is"
+    problem = "smaller than" if decrease_batch_size_if_needed else "not divisible by"
+    lines = [
+        f"{subject} {problem} micro batch size ({micro_batch_size}) x data-parallel size ({data_parallel_size}) "
+        f"= {unit}: every step trains global batch = micro batch size x number of microbatches x data-parallel size"
+    ]
+    derivation = _data_parallel_derivation(data_parallel_size)
+    if derivation:
+        lines.append(derivation)
+    below = first // unit * unit
+    nearest = [
+        f"{size} ({size // unit} microbatch{'es' if size > unit else ''})" for size in (below, below + unit) if size > 0
+    ]
+    lines.append(f"nearest valid global batch sizes to {first}: {', '.join(nearest)}")
+    if first % data_parallel_size == 0:
+        per_replica = first // data_parallel_size
+        divisors = [str(size) for size in range(1, per_replica + 1) if per_replica % size == 0]
+        lines.append(
+            f"micro batch sizes that fit {first} at data-parallel size {data_parallel_size}: {', '.join(divisors)}"
+        )
+    else:
+        lines.append(
+            f"no micro batch size fits {first}: it is not divisible by the data-parallel size {data_parallel_size}"
+        )
+    if is_ramp:
+        lines.append(f"choose --rampup-batch-size START and INCR as multiples of {unit}")
+    if not decrease_batch_size_if_needed and first >= unit:
+        lines.append(f"or pass --decrease-batch-size-if-needed to round the global batch down to a multiple of {unit}")
+    return ValueError("\n".join(lines))
+
+
+def _num_microbatches(
+    global_batch_size: int, micro_batch_size: int, data_parallel_size: int, decrease_batch_size_if_needed: bool
+) -> tuple:
+    """(number of microbatches, running global batch size) for one global batch size."""
+    unit = micro_batch_size * data_parallel_size
+    running = global_batch_size // unit * unit if decrease_batch_size_if_needed else global_batch_size
+    if running % unit or running == 0:
+        raise _batch_size_error(
+            [global_batch_size], micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
+        )
+    return running // unit, running
+
+
+class NumMicroBatchesCalculator(ABC):
+    """Current global batch size and microbatch count; `update` moves them with consumed samples."""
+
+    def __init__(self, micro_batch_size: int, data_parallel_size: int, decrease_batch_size_if_needed: bool):
+        if micro_batch_size <= 0 or data_parallel_size <= 0:
+            raise ValueError(
+                f"micro batch size ({micro_batch_size}) and data-parallel size ({data_parallel_size}) must be positive"
+            )
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_size = data_parallel_size
+        self.decrease_batch_size_if_needed = decrease_batch_size_if_needed
+        self.num_micro_batches = None
+        self.current_global_batch_size = None
+        self.current_running_global_batch_size = None
+
+    def get(self) -> int:
+        return self.num_micro_batches
+
+    def get_current_global_batch_size(self) -> int:
+        return self.current_global_batch_size
+
+    def get_micro_batch_size(self) -> int:
+        return self.micro_batch_size
+
+    def get_current_running_global_batch_size(self) -> int:
+        """The batch actually trained: the global batch rounded down under --decrease-batch-size-if-needed."""
+        return self.current_running_global_batch_size
+
+    def _set_global_batch_size(self, global_batch_size: int) -> None:
+        self.current_global_batch_size = global_batch_size
+        self.num_micro_batches, self.current_running_global_batch_size = _num_microbatches(
+            global_batch_size, self.micro_batch_size, self.data_parallel_size, self.decrease_batch_size_if_needed
+        )
+
+    @abstractmethod
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
+        """Moves to the batch size for `consumed_samples`.
+
+        Every batch size the schedule can reach is checked when the calculator is built, so
+        `consistency_check` (kept for Megatron-LM's signature) has nothing left to check.
+        """
+
+
+class ConstantNumMicroBatchesCalculator(NumMicroBatchesCalculator):
+    """A fixed global batch size."""
+
+    def __init__(
+        self,
+        global_batch_size: int,
+        micro_batch_size: int,
+        data_parallel_size: int,
+        decrease_batch_size_if_needed: bool,
+        rank: int,
+    ) -> None:
+        super().__init__(micro_batch_size, data_parallel_size, decrease_batch_size_if_needed)
+        self._set_global_batch_size(global_batch_size)
+        if rank == 0 and self.current_running_global_batch_size != global_batch_size:
+            logger.info(
+                "decreasing batch size from %d to %d to keep divisibility by micro_batch_size=%d * "
+                "data_parallel_size=%d", global_batch_size, self.current_running_global_batch_size,
+                micro_batch_size, data_parallel_size,
+            )
+
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
+        """A constant global batch size does not move."""
+
+
+class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
+    """Global batch size growing from `start_global_batch_size` by `batch_size_increment` over `ramup_samples`."""
+
+    def __init__(
+        self,
+        global_batch_size: int,
+        micro_batch_size: int,
+        data_parallel_size: int,
+        decrease_batch_size_if_needed: bool,
+        rank: int,
+        start_global_batch_size: int,
+        batch_size_increment: int,
+        ramup_samples: int,
+    ) -> None:
+        super().__init__(micro_batch_size, data_parallel_size, decrease_batch_size_if_needed)
+        problems = []
+        if start_global_batch_size <= 0 or batch_size_increment <= 0 or ramup_samples < 0:
+            problems.append(
+                f"--rampup-batch-size START INCR SAMPLES needs START > 0, INCR > 0, SAMPLES >= 0; got "
+                f"{start_global_batch_size} {batch_size_increment} {ramup_samples}"
+            )
+        elif global_batch_size < start_global_batch_size:
+            problems.append(
+                f"the ramp-up start batch size ({start_global_batch_size}) exceeds the global batch size "
+                f"({global_batch_size})"
+            )
+        elif (global_batch_size - start_global_batch_size) % batch_size_increment:
+            problems.append(
+                f"global batch size {global_batch_size} - start batch size {start_global_batch_size} = "
+                f"{global_batch_size - start_global_batch_size} is not divisible by the batch size increment "
+                f"{batch_size_increment}"
+            )
+        if problems:
+            raise ValueError("invalid batch size ramp-up: " + "; ".join(problems))
+        self.global_batch_size = global_batch_size
+        self.start_global_batch_size = start_global_batch_size
+        self.batch_size_increment = batch_size_increment
+        self.ramup_samples = ramup_samples
+        self.rank = rank
+        num_increments = (global_batch_size - start_global_batch_size) // batch_size_increment
+        self.rampup_samples_per_increment = ramup_samples / num_increments if num_increments else 0.0
+
+        ramp = list(range(start_global_batch_size, global_batch_size + 1, batch_size_increment))
+        unit = micro_batch_size * data_parallel_size
+        bad = [size for size in ramp if (size < unit if decrease_batch_size_if_needed else size % unit)]
+        if bad:
+            raise _batch_size_error(
+                bad, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed, is_ramp=True
+            )
+        self.update(0, consistency_check=False, verbose=True)
+
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
+        if consumed_samples > self.ramup_samples or self.rampup_samples_per_increment == 0.0:
+            global_batch_size = self.global_batch_size
+        else:
+            steps = int(consumed_samples / self.rampup_samples_per_increment)
+            global_batch_size = self.start_global_batch_size + steps * self.batch_size_increment
+        previous = self.current_global_batch_size
+        self._set_global_batch_size(global_batch_size)
+        if verbose and self.rank == 0 and previous != global_batch_size:
+            if previous is None:
+                logger.info("setting initial batch size to %d", global_batch_size)
+            else:
+                logger.info("ramping up batch size from %d to %d", previous, global_batch_size)
+
+
+def _build_num_microbatches_calculator(
+    rank: int,
+    rampup_batch_size: Optional[List[int]],
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    decrease_batch_size_if_needed: bool,
+) -> NumMicroBatchesCalculator:
+    if rampup_batch_size is None:
+        calculator = ConstantNumMicroBatchesCalculator(
+            global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed, rank
+        )
+        if rank == 0:
+            logger.info("setting number of microbatches to constant %d", calculator.get())
+        return calculator
+    if len(rampup_batch_size) != 3:
+        raise ValueError(
+            "--rampup-batch-size takes three numbers: <start batch size> <batch size increment> <ramp-up samples>, "
+            f"got {list(rampup_batch_size)}"
+        )
+    start, increment, samples = (int(value) for value in rampup_batch_size)
+    if rank == 0:
+        logger.info(
+            "will use batch size rampup starting from global batch size %d to global batch size %d with batch "
+            "size increments %d over %d samples.", start, global_batch_size, increment, samples,
+        )
+    return RampupBatchsizeNumMicroBatchesCalculator(
+        global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed, rank,
+        start, increment, samples,
+    )
+
+
+def _calculator() -> NumMicroBatchesCalculator:
+    if _GLOBAL_NUM_MICROBATCHES_CALCULATOR is None:
+        raise RuntimeError(
+            "the num-microbatches calculator is not initialised: call init_num_microbatches_calculator first"
+        )
+    return _GLOBAL_NUM_MICROBATCHES_CALCULATOR
+
+
+def init_num_microbatches_calculator(
+    rank: int,
+    rampup_batch_size: Optional[List[int]],
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    decrease_batch_size_if_needed: bool = False,
+) -> None:
+    """Builds the global calculator (constant, or ramp-up from `[start, increment, samples]`); rank 0 logs."""
+    global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    if _GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None:
+        raise RuntimeError(
+            "the num-microbatches calculator is already initialised: use reconfigure_num_microbatches_calculator "
+            "or destroy_num_microbatches_calculator first"
+        )
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
+    )
+
+
+def reconfigure_num_microbatches_calculator(
+    rank: int,
+    rampup_batch_size: Optional[List[int]],
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    decrease_batch_size_if_needed: bool = False,
+) -> None:
+    """Replaces the global calculator (e.g. evaluation with another batch size)."""
+    global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
+    )
+
+
+def destroy_num_microbatches_calculator() -> None:
+    """Forgets the global calculator."""
+    global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = None
+
+
+unset_num_microbatches_calculator = destroy_num_microbatches_calculator
+
+
+def get_num_microbatches() -> int:
+    """Microbatches per global batch at the current point of the ramp-up."""
+    return _calculator().get()
+
+
+def get_current_global_batch_size() -> int:
+    """The global batch size at the current point of the ramp-up."""
+    return _calculator().get_current_global_batch_size()
+
+
+def get_micro_batch_size() -> int:
+    return _calculator().get_micro_batch_size()
+
+
+def get_current_running_global_batch_size() -> int:
+    """The global batch actually trained (rounded down under --decrease-batch-size-if-needed)."""
+    return _calculator().get_current_running_global_batch_size()
+
+
+def update_num_microbatches(consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
+    """Moves the global calculator to the batch size for `consumed_samples`."""
+    _calculator().update(consumed_samples, consistency_check, verbose)

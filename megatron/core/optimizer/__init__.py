@@ -1,0 +1,126 @@
+"""Megatron optimizers: `get_megatron_optimizer(config, model_chunks)` builds the one a run needs.
+
+    fp32 params                 FP32Optimizer(AdamW or SGD)
+    --bf16 / --fp16             Float16OptimizerWithFloat16Params (fp32 main params), with a
+                                DynamicGradScaler under --fp16 (ConstantGradScaler with --loss-scale)
+    expert-parallel params too  ChainedOptimizer([dense optimizer, expert optimizer])
+
+Adam is `torch.optim.AdamW` (decoupled weight decay, as Megatron's FusedAdam in AdamW mode), fused into
+one kernel when the params live on a GPU.
+"""
+
+import logging
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .. import parallel_state
+from .chained_optimizer import ChainedOptimizer
+from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
+from .optimizer import FP32Optimizer, Float16OptimizerWithFloat16Params, MegatronOptimizer, MixedPrecisionOptimizer
+from .optimizer_config import OptimizerConfig
+from .param_groups import get_param_groups, set_min_and_max_lr
+
+__all__ = [
+    "ChainedOptimizer",
+    "ConstantGradScaler",
+    "DynamicGradScaler",
+    "FP32Optimizer",
+    "Float16OptimizerWithFloat16Params",
+    "MegatronGradScaler",
+    "MegatronOptimizer",
+    "MixedPrecisionOptimizer",
+    "OptimizerConfig",
+    "get_megatron_optimizer",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _params_device(param_groups: List[Dict]) -> torch.device:
+    devices = {param.device for group in param_groups for param in group["params"]}
+    if len(devices) != 1:
+        raise ValueError(f"all trainable parameters must be on one device, found {sorted(map(str, devices))}")
+    return devices.pop()
+
+
+def _build_optimizer(config: OptimizerConfig, param_groups: List[Dict]) -> MegatronOptimizer:
+    """Wraps an AdamW/SGD over `param_groups` in the precision wrapper `config` asks for."""
+    device = _params_device(param_groups)
+    if config.optimizer == "adam":
+        adam_class = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
+        inner = adam_class(
+            param_groups,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            # The fused kernel updates every tensor of a group in one launch; on CPU the default
+            # (foreach) implementation is used.
+            **({"fused": True} if device.type == "cuda" else {}),
+        )
+    else:
+        inner = torch.optim.SGD(
+            param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum
+        )
+
+    if not (config.fp16 or config.bf16):
+        return FP32Optimizer(inner, config)
+    if config.loss_scale is not None:
+        grad_scaler = ConstantGradScaler(config.loss_scale, device=device)
+    elif config.fp16:
+        grad_scaler = DynamicGradScaler(
+            initial_scale=config.initial_loss_scale,
+            min_scale=config.min_loss_scale,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=config.loss_scale_window,
+            hysteresis=config.hysteresis,
+            device=device,
+        )
+    else:
+        grad_scaler = None
+    return Float16OptimizerWithFloat16Params(inner, config, grad_scaler)
+
+
+def get_megatron_optimizer(
+    config: OptimizerConfig,
+    model_chunks: List[torch.nn.Module],
+    no_weight_decay_cond: Optional[Callable] = None,
+    scale_lr_cond: Optional[Callable] = None,
+    lr_mult: float = 1.0,
+) -> MegatronOptimizer:
+    """The Megatron optimizer for the trainable params of `model_chunks` (one chunk per virtual stage).
+
+    Param groups: no weight decay for biases and 1-D params (or where `no_weight_decay_cond(name,
+    param)`), `lr * lr_mult` where `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for
+    params marked `is_embedding_or_output_parameter`. Expert-parallel params (`allreduce=False`) get
+    their own optimizer, whose statistics are reduced over the expert groups.
+    """
+    if config.lr is None:
+        raise ValueError("OptimizerConfig.lr (--lr) must be set to build the optimizer")
+    if config.decoupled_min_lr is not None and config.decoupled_lr is None:
+        raise ValueError("decoupled_min_lr (--decoupled-min-lr) needs decoupled_lr (--decoupled-lr)")
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        logger.info("setting up optimizer with %s", config)
+
+    param_groups = get_param_groups(
+        model_chunks, no_weight_decay_cond, scale_lr_cond, lr_mult, config.decoupled_lr is not None
+    )
+    if not param_groups:
+        raise ValueError("get_megatron_optimizer: the model chunks have no trainable parameters")
+    set_min_and_max_lr(param_groups, config.lr, config.min_lr, config.decoupled_lr, config.decoupled_min_lr)
+
+    dense_groups = [group for group in param_groups if not group["is_expert_parallel"]]
+    expert_groups = [group for group in param_groups if group["is_expert_parallel"]]
+    optimizers = []
+    if dense_groups:
+        optimizers.append(_build_optimizer(config, dense_groups))
+    if expert_groups:
+        expert_optimizer = _build_optimizer(config, expert_groups)
+        if parallel_state.model_parallel_is_initialized():
+            expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+            expert_optimizer.grad_stats_parallel_group = expert_group
+            expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
+        optimizers.append(expert_optimizer)
+    return optimizers[0] if len(optimizers) == 1 else ChainedOptimizer(optimizers)

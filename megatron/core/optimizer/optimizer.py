@@ -1,0 +1,418 @@
+"""Megatron's optimizer wrappers around a `torch.optim` optimizer.
+
+One step (`MegatronOptimizer.step`) is
+
+    prepare_grads()            copy model grads (`param.main_grad` from DDP, else `param.grad`) to the
+                               fp32 main params; fp16: unscale by 1/loss_scale and look for inf/nan on
+                               every model-parallel rank; update the loss scale
+    -> overflow: return (False, None, None) and leave the params untouched
+    grad norm over the model-parallel group, clip to `clip_grad`
+    count zeros (if asked)
+    step_with_ready_grads()    inner Adam/SGD step on the fp32 main params, copy them back to the model
+
+and returns `(update_successful, grad_norm, num_zeros_in_grad)`.
+
+`Float16OptimizerWithFloat16Params` keeps an fp32 main copy of every bf16/fp16 parameter (the inner
+optimizer only ever sees fp32 tensors); `FP32Optimizer` works on the model's fp32 params directly.
+"""
+
+import logging
+from abc import ABC, abstractmethod
+from typing import List, Optional
+
+import torch
+
+from .. import parallel_state
+from ..timers import timed
+from .clip_grads import (
+    clip_grad_by_total_norm_fp32,
+    count_zeros_fp32,
+    get_grad_norm_fp32,
+    param_is_not_shared,
+    param_is_not_tensor_parallel_duplicate,
+)
+from .grad_scaler import MegatronGradScaler
+from .optimizer_config import OptimizerConfig
+from .param_groups import reorder_saved_param_groups
+
+logger = logging.getLogger(__name__)
+
+# Attributes that describe how a parameter is laid out over ranks; its fp32 main copy needs them too, so
+# that norms and zero counts skip replicas.
+_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
+
+
+def _zero_grads(params: List[torch.nn.Parameter], set_to_none: bool) -> None:
+    for param in params:
+        if param.grad is None:
+            continue
+        if set_to_none:
+            param.grad = None
+        else:
+            param.grad.detach_()
+            param.grad.zero_()
+
+
+class MegatronOptimizer(ABC):
+    """Base of the optimizer wrappers: gradient statistics, clipping and the step protocol.
+
+    `grad_stats_parallel_group` (the group over which norms, zero counts and the fp16 overflow flag
+    are reduced) defaults to the model-parallel group; `tensor_parallel_rank` (which decides who counts
+    replicated params) defaults to this rank's TP rank. `get_megatron_optimizer` sets both to the
+    expert groups for the optimizer of expert-parallel params.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimizerConfig):
+        self.optimizer = optimizer
+        self.config = config
+        self.grad_stats_parallel_group = None
+        self.tensor_parallel_rank = None
+
+    def get_parameters(self) -> List[torch.nn.Parameter]:
+        """The tensors the inner optimizer updates (fp32 main params where they exist)."""
+        return [param for group in self.optimizer.param_groups for param in group["params"]]
+
+    def get_grad_stats_parallel_group(self):
+        if self.grad_stats_parallel_group is not None:
+            return self.grad_stats_parallel_group
+        if parallel_state.model_parallel_is_initialized():
+            return parallel_state.get_model_parallel_group()
+        return None
+
+    def get_main_grads_for_grad_norm(self) -> List[torch.Tensor]:
+        """This rank's gradients that count towards the global norm (no TP replicas, no shared copies)."""
+        return [
+            param.grad
+            for param in self.get_parameters()
+            if param.grad is not None
+            and param_is_not_shared(param)
+            and param_is_not_tensor_parallel_duplicate(param, self.tensor_parallel_rank)
+        ]
+
+    @torch.no_grad()
+    def get_grad_norm(self) -> float:
+        """Global L2 norm of the main gradients over the model-parallel ranks."""
+        return get_grad_norm_fp32(
+            self.get_main_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
+        )
+
+    @torch.no_grad()
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        """Computes the global gradient norm, clips the main gradients to `clip_grad`, returns the norm."""
+        grad_norm = self.get_grad_norm()
+        clip_grad_by_total_norm_fp32(self.get_parameters(), clip_grad, grad_norm)
+        return grad_norm
+
+    @torch.no_grad()
+    def count_zeros(self) -> int:
+        """Zero entries in the main gradients over the model-parallel ranks."""
+        return count_zeros_fp32(
+            self.get_parameters(),
+            grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+            tensor_parallel_rank=self.tensor_parallel_rank,
+        )
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss * loss_scale`: what to call backward on under fp16."""
+        return self.get_loss_scale() * loss
+
+    @property
+    def param_groups(self) -> List[dict]:
+        """The inner optimizer's param groups (the LR scheduler writes `lr`/`weight_decay` here)."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: List[dict]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        """The inner optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    def _timed(self, name: str):
+        return timed(self.config.timers, name, barrier=self.config.barrier_with_L1_time)
+
+    @torch.no_grad()
+    def step(self):
+        """One update; returns `(update_successful, grad_norm, num_zeros_in_grad)`.
+
+        On an fp16 overflow nothing is updated and `(False, None, None)` comes back. The gradient norm
+        is computed (and reported) even when clipping is off (`clip_grad == 0`).
+        """
+        if self.prepare_grads():
+            return False, None, None
+        with self._timed("optimizer-clip-main-grad"):
+            grad_norm = self.get_grad_norm()
+            if self.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(self.get_parameters(), self.config.clip_grad, grad_norm)
+        with self._timed("optimizer-count-zeros"):
+            num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
+        update_successful = self.step_with_ready_grads()
+        return update_successful, grad_norm, num_zeros_in_grad
+
+    @torch.no_grad()
+    def prepare_grads(self) -> bool:
+        """Moves gradients into place and updates the loss scale; returns True if an inf/nan was found."""
+        found_inf = self.prepare_main_grads()
+        self.update_loss_scale(found_inf)
+        return found_inf
+
+    @abstractmethod
+    def prepare_main_grads(self) -> bool:
+        """Copies model grads to the main grads (unscaled under loss scaling); returns True on inf/nan.
+
+        Leaves the loss scale alone, so that a `ChainedOptimizer` can combine the overflow flags of all
+        its sub-optimizers before any of them updates its scale.
+        """
+
+    def update_loss_scale(self, found_inf: bool) -> None:
+        """Lets the loss scaler react to this step's overflow flag (no-op without loss scaling)."""
+        return None
+
+    @abstractmethod
+    def step_with_ready_grads(self) -> bool:
+        """Runs the inner optimizer on prepared gradients; returns whether the update happened."""
+
+    @abstractmethod
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears the `.grad` of model and main params (DDP's `main_grad` buffers are zeroed by DDP)."""
+
+    @abstractmethod
+    def get_loss_scale(self) -> torch.Tensor:
+        """The current loss scale as a 1-element tensor (1.0 without loss scaling)."""
+
+    @abstractmethod
+    def reload_model_params(self) -> None:
+        """Refreshes the main params from the model params (after loading a model without optimizer)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        """Everything needed to continue training bit for bit."""
+
+    @abstractmethod
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores `state_dict()` output (param groups are matched by their wd/lr multipliers)."""
+
+
+class MixedPrecisionOptimizer(MegatronOptimizer):
+    """Shared logic of optimizers whose main params are separate fp32 tensors.
+
+    `grad_scaler` may be None only without fp16 (bf16 needs no loss scaling).
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, config: OptimizerConfig, grad_scaler: Optional[MegatronGradScaler]
+    ):
+        super().__init__(optimizer, config)
+        if grad_scaler is None and config.fp16:
+            raise ValueError("fp16 training needs a grad scaler (ConstantGradScaler or DynamicGradScaler)")
+        self.grad_scaler = grad_scaler
+
+    def get_loss_scale(self) -> torch.Tensor:
+        if self.grad_scaler is None:
+            device = self.get_parameters()[0].device
+            return torch.ones(1, dtype=torch.float, device=device)
+        return self.grad_scaler.scale
+
+    def reload_model_params(self) -> None:
+        self._copy_model_params_to_main_params()
+
+    def _unscale_main_grads_and_check_for_nan(self) -> bool:
+        main_grads = self._collect_main_grads()
+        found_inf = torch.zeros(1, dtype=torch.float, device=self.grad_scaler.scale.device)
+        if main_grads:
+            # One fused pass: g *= 1/scale, and found_inf = 1 if any entry is inf or nan.
+            torch._amp_foreach_non_finite_check_and_unscale_(main_grads, found_inf, self.grad_scaler.inv_scale)
+        group = self.get_grad_stats_parallel_group()
+        if group is not None:
+            # Every model-parallel rank must skip the same steps, or the replica's shards drift apart.
+            torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX, group=group)
+        return found_inf.item() > 0
+
+    @torch.no_grad()
+    def prepare_main_grads(self) -> bool:
+        with self._timed("optimizer-copy-to-main-grad"):
+            self._copy_model_grads_to_main_grads()
+        if self.grad_scaler is None:
+            return False
+        with self._timed("optimizer-unscale-and-check-inf"):
+            return self._unscale_main_grads_and_check_for_nan()
+
+    def update_loss_scale(self, found_inf: bool) -> None:
+        if self.grad_scaler is not None:
+            self.grad_scaler.update(found_inf)
+
+    @torch.no_grad()
+    def step_with_ready_grads(self) -> bool:
+        with self._timed("optimizer-inner-step"):
+            self.optimizer.step()
+        with self._timed("optimizer-copy-main-to-model-params"):
+            self._copy_main_params_to_model_params()
+        return True
+
+    @abstractmethod
+    def _collect_main_grads(self) -> List[torch.Tensor]:
+        """The fp32 main gradients to unscale."""
+
+    @abstractmethod
+    def _copy_model_grads_to_main_grads(self) -> None:
+        """Makes the model's gradients the main params' `.grad`."""
+
+    @abstractmethod
+    def _copy_main_params_to_model_params(self) -> None:
+        """Writes the updated main params back into the model params."""
+
+    @abstractmethod
+    def _copy_model_params_to_main_params(self) -> None:
+        """Overwrites the main params with the model params."""
+
+
+class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
+    """fp32 main params for bf16/fp16 model params; fp32 model params are updated in place.
+
+    Three lists per param group, index-aligned:
+      float16_groups            the model's bf16/fp16 params
+      fp32_from_float16_groups  their fp32 main copies (what the inner optimizer holds)
+      fp32_from_fp32_groups     the model's fp32 params (held by the inner optimizer directly)
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, config: OptimizerConfig, grad_scaler: Optional[MegatronGradScaler]
+    ):
+        super().__init__(optimizer, config, grad_scaler)
+        self.float16_groups = []
+        self.fp32_from_float16_groups = []
+        self.fp32_from_fp32_groups = []
+        for param_group in self.optimizer.param_groups:
+            float16_params, fp32_from_float16_params, fp32_params = [], [], []
+            for index, param in enumerate(param_group["params"]):
+                if not param.requires_grad:
+                    continue
+                if param.dtype in (torch.float16, torch.bfloat16):
+                    main_param = param.detach().clone().float()
+                    for attribute in _LAYOUT_ATTRIBUTES:
+                        if hasattr(param, attribute):
+                            setattr(main_param, attribute, getattr(param, attribute))
+                    param_group["params"][index] = main_param
+                    param.main_param = main_param
+                    if param in self.optimizer.state:
+                        self.optimizer.state[main_param] = self.optimizer.state.pop(param)
+                    float16_params.append(param)
+                    fp32_from_float16_params.append(main_param)
+                elif param.dtype == torch.float32:
+                    fp32_params.append(param)
+                else:
+                    raise ValueError(
+                        f"parameters must be float32, float16 or bfloat16 for the mixed-precision optimizer, "
+                        f"got {param.dtype} (shape {tuple(param.shape)})"
+                    )
+            self.float16_groups.append(float16_params)
+            self.fp32_from_float16_groups.append(fp32_from_float16_params)
+            self.fp32_from_fp32_groups.append(fp32_params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for groups in (self.float16_groups, self.fp32_from_float16_groups, self.fp32_from_fp32_groups):
+            for group in groups:
+                _zero_grads(group, set_to_none)
+
+    def _collect_main_grads(self) -> List[torch.Tensor]:
+        main_params = [p for group in self.fp32_from_float16_groups + self.fp32_from_fp32_groups for p in group]
+        return [param.grad.data for param in main_params if param.grad is not None]
+
+    def _copy_model_grads_to_main_grads(self) -> None:
+        for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
+            for model_param, main_param in zip(model_group, main_group):
+                if hasattr(model_param, "main_grad"):
+                    # DDP's fp32 grad buffer: `.float()` is a no-op view, so unscale and clip act on it.
+                    main_param.grad = model_param.main_grad.float()
+                elif model_param.grad is not None:
+                    main_param.grad = model_param.grad.float()
+                model_param.grad = None
+        for group in self.fp32_from_fp32_groups:
+            for model_param in group:
+                if hasattr(model_param, "main_grad"):
+                    model_param.grad = model_param.main_grad
+
+    def _model_and_main_params(self):
+        model_params = [param.data for group in self.float16_groups for param in group]
+        main_params = [param.data for group in self.fp32_from_float16_groups for param in group]
+        return model_params, main_params
+
+    def _copy_main_params_to_model_params(self) -> None:
+        model_params, main_params = self._model_and_main_params()
+        if model_params:
+            torch._foreach_copy_(model_params, main_params)
+
+    def _copy_model_params_to_main_params(self) -> None:
+        model_params, main_params = self._model_and_main_params()
+        if model_params:
+            torch._foreach_copy_(main_params, model_params)
+
+    def state_dict(self) -> dict:
+        state_dict = {"optimizer": self.optimizer.state_dict(), "fp32_from_fp16_params": self.fp32_from_float16_groups}
+        if self.grad_scaler is not None:
+            state_dict["grad_scaler"] = self.grad_scaler.state_dict()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # Older Megatron checkpoints used 'optimizer_state_dict' and 'fp32_from_fp16'.
+        optimizer_state = state_dict["optimizer" if "optimizer" in state_dict else "optimizer_state_dict"]
+        main_params_key = "fp32_from_fp16_params" if "fp32_from_fp16_params" in state_dict else "fp32_from_fp16"
+        saved_main_params = state_dict[main_params_key]
+        order = reorder_saved_param_groups(self.optimizer.param_groups, optimizer_state["param_groups"])
+        optimizer_state = dict(optimizer_state, param_groups=[optimizer_state["param_groups"][i] for i in order])
+        self.optimizer.load_state_dict(optimizer_state)
+
+        if "grad_scaler" not in state_dict:
+            if self.config.fp16:
+                logger.warning("checkpoint has no grad scaler state: keeping the initial loss scale")
+        elif self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(state_dict["grad_scaler"])
+        else:
+            logger.warning("checkpoint has grad scaler state but this run uses no loss scaling: ignoring it")
+
+        for current_group, saved_index in zip(self.fp32_from_float16_groups, order):
+            saved_group = saved_main_params[saved_index]
+            if len(saved_group) != len(current_group):
+                raise ValueError(
+                    f"checkpoint param group {saved_index} has {len(saved_group)} fp32 main params, the model "
+                    f"has {len(current_group)}: the checkpoint was written for a different model"
+                )
+            for current_param, saved_param in zip(current_group, saved_group):
+                current_param.data.copy_(saved_param.data)
+
+
+class FP32Optimizer(MegatronOptimizer):
+    """Plain fp32 training: the inner optimizer updates the model params; gradients come from `main_grad`."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.optimizer.param_groups:
+            _zero_grads(group["params"], set_to_none)
+
+    def get_loss_scale(self) -> torch.Tensor:
+        return torch.ones(1, dtype=torch.float, device=self.get_parameters()[0].device)
+
+    @torch.no_grad()
+    def prepare_main_grads(self) -> bool:
+        with self._timed("optimizer-copy-to-main-grad"):
+            for param in self.get_parameters():
+                if hasattr(param, "main_grad"):
+                    param.grad = param.main_grad
+        return False
+
+    @torch.no_grad()
+    def step_with_ready_grads(self) -> bool:
+        with self._timed("optimizer-inner-step"):
+            self.optimizer.step()
+        return True
+
+    def reload_model_params(self) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        order = reorder_saved_param_groups(self.optimizer.param_groups, state_dict["param_groups"])
+        self.optimizer.load_state_dict(dict(state_dict, param_groups=[state_dict["param_groups"][i] for i in order]))

@@ -1,0 +1,120 @@
+"""`OptimizerConfig`: every setting of the Megatron optimizer, with Megatron-Core's field names and defaults.
+
+The training layer fills it from `--lr`, `--weight-decay`, `--adam-beta1`, `--clip-grad`, `--fp16`,
+`--loss-scale`, ... (one field per flag, same name with dashes turned into underscores).
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+SUPPORTED_OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass
+class OptimizerConfig:
+    """Configuration of `get_megatron_optimizer` and the optimizer wrappers."""
+
+    # --- general -------------------------------------------------------------------------------------
+    optimizer: str = "adam"
+    """`adam` (AdamW when `decoupled_weight_decay`, the default) or `sgd`."""
+
+    lr: Optional[float] = None
+    """Peak learning rate (`--lr`); the scheduler warms up to it and decays from it."""
+
+    min_lr: Optional[float] = None
+    """Floor of the decayed learning rate (`--min-lr`); None means 0.0."""
+
+    decoupled_lr: Optional[float] = None
+    """Separate peak learning rate for the input embedding and output layer (`--decoupled-lr`)."""
+
+    decoupled_min_lr: Optional[float] = None
+    """Floor for the decoupled learning rate (`--decoupled-min-lr`); None means `min_lr`."""
+
+    weight_decay: float = 0.01
+    """Weight-decay coefficient; biases and 1-D parameters (norm weights) get none."""
+
+    # --- precision -----------------------------------------------------------------------------------
+    fp16: bool = False
+    """Train with fp16 parameters, fp32 main parameters and dynamic (or `loss_scale`) loss scaling."""
+
+    bf16: bool = False
+    """Train with bf16 parameters and fp32 main parameters (no loss scaling unless `loss_scale`)."""
+
+    params_dtype: torch.dtype = torch.float32
+    """dtype the model parameters were created in."""
+
+    # --- loss scaling (fp16) -------------------------------------------------------------------------
+    loss_scale: Optional[float] = None
+    """Static loss scale; None selects dynamic loss scaling under fp16."""
+
+    initial_loss_scale: float = 2**32
+    """Starting value of the dynamic loss scale."""
+
+    min_loss_scale: float = 1.0
+    """The dynamic loss scale never drops below this."""
+
+    loss_scale_window: float = 1000
+    """Clean (overflow-free) steps before the dynamic loss scale doubles."""
+
+    hysteresis: int = 2
+    """Overflowing steps tolerated before the dynamic loss scale halves."""
+
+    # --- Adam / SGD ----------------------------------------------------------------------------------
+    adam_beta1: float = 0.9
+    """Adam's first-moment decay."""
+
+    adam_beta2: float = 0.999
+    """Adam's second-moment decay."""
+
+    adam_eps: float = 1e-08
+    """Adam's denominator term."""
+
+    decoupled_weight_decay: bool = True
+    """AdamW (decoupled weight decay) when True; L2-regularised Adam when False."""
+
+    sgd_momentum: float = 0.9
+    """Momentum of SGD."""
+
+    # --- distributed optimizer -----------------------------------------------------------------------
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (`--use-distributed-optimizer`): not supported yet."""
+
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Overlap the first parameter all-gather with the optimizer step: not supported yet."""
+
+    # --- miscellaneous -------------------------------------------------------------------------------
+    clip_grad: float = 1.0
+    """Clip gradients to this global L2 norm; 0 turns clipping off (the norm is still reported)."""
+
+    log_num_zeros_in_grad: bool = False
+    """Count the zero entries of the gradients at every step (`--log-num-zeros-in-grad`)."""
+
+    barrier_with_L1_time: bool = False
+    """Put a barrier before each level-1 optimizer timer, so the timings do not include waiting."""
+
+    timers: Optional[Callable] = None
+    """A `megatron.core.timers.Timers` to time the optimizer phases with, or None."""
+
+    def __post_init__(self):
+        problems = []
+        if self.optimizer not in SUPPORTED_OPTIMIZERS:
+            problems.append(
+                f"optimizer {self.optimizer!r} is not supported yet; choose one of {', '.join(SUPPORTED_OPTIMIZERS)}"
+            )
+        if self.fp16 and self.bf16:
+            problems.append("fp16 and bf16 are mutually exclusive (--fp16 / --bf16): pick one")
+        if self.use_distributed_optimizer:
+            problems.append("use_distributed_optimizer (--use-distributed-optimizer) is not supported yet")
+        if self.overlap_param_gather_with_optimizer_step:
+            problems.append(
+                "overlap_param_gather_with_optimizer_step (--overlap-param-gather-with-optimizer-step) "
+                "is not supported yet"
+            )
+        if self.loss_scale is not None and self.loss_scale <= 0:
+            problems.append(f"loss_scale (--loss-scale) must be positive, got {self.loss_scale}")
+        if self.clip_grad < 0:
+            problems.append(f"clip_grad (--clip-grad) must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        if problems:
+            raise ValueError("invalid OptimizerConfig: " + "; ".join(problems))

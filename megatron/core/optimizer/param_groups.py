@@ -1,0 +1,106 @@
+"""Optimizer param groups: which params get weight decay, a scaled or a decoupled learning rate.
+
+Every param lands in the group of its key
+
+    (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)
+
+  wd_mult 0.0      biases (name ends in `.bias`) and 1-D params (norm weights), unless
+                   `no_weight_decay_cond(name, param)` decides otherwise
+  lr_mult          `lr_mult` where `scale_lr_cond(name, param)` holds (fine-tuning heads), else 1.0
+  is_expert_par.   `param.allreduce is False` (MoE experts: reduced over the expert data-parallel group)
+  is_decoupled_lr  `param.is_embedding_or_output_parameter` when a decoupled LR is configured
+
+Each group also carries `max_lr`/`min_lr`, which the scheduler decays between.
+"""
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+PARAM_GROUP_KEYS = ("wd_mult", "lr_mult", "is_expert_parallel", "is_decoupled_lr")
+
+
+def get_param_groups(
+    model_chunks: List[torch.nn.Module],
+    no_weight_decay_cond: Optional[Callable] = None,
+    scale_lr_cond: Optional[Callable] = None,
+    lr_mult: float = 1.0,
+    use_decoupled_learning_rate: bool = False,
+) -> List[Dict]:
+    """Groups the trainable params of `model_chunks` by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)."""
+    params_by_key: Dict[Tuple, List[torch.nn.Parameter]] = {}
+    for model_chunk in model_chunks:
+        for name, param in model_chunk.named_parameters():
+            if not param.requires_grad:
+                continue
+            if no_weight_decay_cond is not None:
+                no_weight_decay = no_weight_decay_cond(name, param)
+            else:
+                no_weight_decay = name.endswith(".bias") or len(param.shape) == 1
+            scale_lr = scale_lr_cond is not None and scale_lr_cond(name, param)
+            key = (
+                0.0 if no_weight_decay else 1.0,
+                lr_mult if scale_lr else 1.0,
+                not getattr(param, "allreduce", True),
+                use_decoupled_learning_rate and getattr(param, "is_embedding_or_output_parameter", False),
+            )
+            params_by_key.setdefault(key, []).append(param)
+    return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key))} for key, params in params_by_key.items()]
+
+
+def set_min_and_max_lr(
+    param_groups: List[Dict],
+    lr: float,
+    min_lr: Optional[float],
+    decoupled_lr: Optional[float],
+    decoupled_min_lr: Optional[float],
+) -> None:
+    """Writes each group's `max_lr`/`min_lr`: the decoupled pair for embedding/output groups, else (lr, min_lr)."""
+    min_lr = 0.0 if min_lr is None else min_lr
+    decoupled_min_lr = min_lr if decoupled_min_lr is None else decoupled_min_lr
+    for group in param_groups:
+        if group["is_decoupled_lr"]:
+            group["max_lr"], group["min_lr"] = decoupled_lr, decoupled_min_lr
+        else:
+            group["max_lr"], group["min_lr"] = lr, min_lr
+
+
+def _group_key(group: Dict) -> Tuple:
+    return tuple(group.get(key) for key in PARAM_GROUP_KEYS)
+
+
+def reorder_saved_param_groups(current_groups: List[Dict], saved_groups: List[Dict]) -> List[int]:
+    """For each current param group, the index of the checkpoint group it continues.
+
+    Groups are matched by their (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) key and size,
+    so a checkpoint whose groups were built in another order still loads onto the right params.
+    """
+    if len(current_groups) != len(saved_groups):
+        raise ValueError(
+            f"the checkpoint's optimizer has {len(saved_groups)} param groups, this model's has "
+            f"{len(current_groups)}: was it written for another model or another --decoupled-lr setting?"
+        )
+    remaining = list(range(len(saved_groups)))
+    order = []
+    for group in current_groups:
+        match = next(
+            (
+                index
+                for index in remaining
+                if _group_key(saved_groups[index]) == _group_key(group)
+                and len(saved_groups[index]["params"]) == len(group["params"])
+            ),
+            None,
+        )
+        if match is None:
+            available = "; ".join(
+                f"{dict(zip(PARAM_GROUP_KEYS, _group_key(saved)))} with {len(saved['params'])} params"
+                for saved in saved_groups
+            )
+            raise ValueError(
+                f"no param group in the checkpoint matches {dict(zip(PARAM_GROUP_KEYS, _group_key(group)))} "
+                f"with {len(group['params'])} params; the checkpoint has: {available}"
+            )
+        remaining.remove(match)
+        order.append(match)
+    return order
