@@ -1,0 +1,1 @@
+"""Optional accelerator back ends, each imported in exactly one module here."""

@@ -1,0 +1,54 @@
+"""`LanguageModule`: what every language model shares - the token loss and the tied embedding /
+output weight, including its copy on the last pipeline stage."""
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.core.transformer.module import MegatronModule
+
+
+class LanguageModule(MegatronModule):
+    """Base of GPT-style models. Subclasses set `pre_process`, `post_process`,
+    `share_embeddings_and_output_weights`, `embedding` (first stage) and `output_layer` (last stage)."""
+
+    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Per-token loss [b, s] from labels [b, s] and TP-split logits [s, b, V/p] (computed in fp32)."""
+        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+        return loss.transpose(0, 1).contiguous()
+
+    def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
+        """The word-embedding weight on the first stage, the output weight on the last, else None."""
+        if self.pre_process:
+            return self.embedding.word_embeddings.weight
+        if self.post_process:
+            return self.output_layer.weight
+        return None
+
+    def setup_embeddings_and_output_layer(self) -> None:
+        """Marks the embedding/output weights and, for tied weights split over pipeline stages, makes the
+        last stage's copy equal to the first stage's.
+
+        With PP > 1 the last stage has its own output weight: it is zeroed and all-reduced over the
+        embedding group (first + last stage), which copies the first stage's values. After every backward
+        the two grads are all-reduced over the same group (`shared_embedding` marks them for
+        finalize_model_grads), so both copies stay identical.
+        """
+        if self.pre_process:
+            self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
+        if self.post_process and self.output_layer.weight is not None:
+            self.output_layer.weight.is_embedding_or_output_parameter = True
+        if not self.share_embeddings_and_output_weights:
+            return
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+            return
+        if self.pre_process and not self.post_process:
+            self.shared_embedding_or_output_weight().shared_embedding = True
+        if self.post_process and not self.pre_process:
+            self.output_layer.weight.data.fill_(0)
+            self.output_layer.weight.shared = True
+            self.output_layer.weight.shared_embedding = True
+        if dist.is_initialized() and parallel_state.is_rank_in_embedding_group():
+            weight = self.shared_embedding_or_output_weight()
+            dist.all_reduce(weight.data, group=parallel_state.get_embedding_group())

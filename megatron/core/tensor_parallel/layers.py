@@ -1,0 +1,311 @@
+"""Tensor-parallel linear and embedding layers (Megatron-Core names, signatures and attributes).
+
+At TP = 1 they are plain `nn.Linear` / `nn.Embedding` that return `(output, bias)`. With p TP ranks:
+
+    ColumnParallelLinear   Y = X A + b,  A = [A_1 ... A_p] split by output columns; weight [out/p, in]
+    RowParallelLinear      Y = sum_i X_i A_i + b,  A split by input rows;          weight [out, in/p]
+    VocabParallelEmbedding rank r owns vocabulary rows [r*V/p, (r+1)*V/p);          weight [V/p, h]
+
+(weights are stored transposed, as in `nn.Linear`: [out, in]). With `use_cpu_initialization` each rank
+draws the whole master weight with the CPU generator and keeps its slice, so the model does not depend
+on p; otherwise each rank draws its own shard from the `model-parallel-rng` stream on the device.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from megatron.core import parallel_state
+from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
+from megatron.core.tensor_parallel.partition import partition_range, partition_size
+from megatron.core.tensor_parallel.random import model_parallel_rng_region
+
+_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}
+
+
+def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int) -> None:
+    """Marks a parameter as split over TP along `dim` (read by grad-norm, checkpoint and converter code)."""
+    tensor.tensor_model_parallel = is_parallel
+    tensor.partition_dim = dim
+    tensor.partition_stride = stride
+
+
+def set_defaults_if_not_set_tensor_model_parallel_attributes(tensor: torch.Tensor) -> None:
+    """Gives an unmarked parameter the "replicated over TP" attributes."""
+    for name, value in _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS.items():
+        if not hasattr(tensor, name):
+            setattr(tensor, name, value)
+
+
+def copy_tensor_model_parallel_attributes(destination: torch.Tensor, source: torch.Tensor) -> None:
+    """Copies the TP attributes of `source` (e.g. onto its fp32 master copy)."""
+    for name in _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS:
+        if hasattr(source, name):
+            setattr(destination, name, getattr(source, name))
+
+
+def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
+    """True if this rank should count `param` (TP-split, or replicated and this is TP rank 0)."""
+    return getattr(param, "tensor_model_parallel", False) or parallel_state.get_tensor_model_parallel_rank() == 0
+
+
+def parameter_device(config: ModelParallelConfig) -> torch.device:
+    """Where parameters are created: the CPU with `use_cpu_initialization`, else the current GPU (if any)."""
+    if config.use_cpu_initialization or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _tp_rank_and_size(tp_group) -> tuple[int, int]:
+    if tp_group is not None:
+        return dist.get_rank(tp_group), dist.get_world_size(tp_group)
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+def _check_last_rank_not_empty(size: int, world_size: int, what: str) -> None:
+    if partition_size(size, world_size - 1, world_size) == 0:
+        raise ValueError(f"{what} of {size} is too small to split over {world_size} tensor-parallel ranks")
+
+
+def _initialize_affine_weight(weight, full_shape, partition_dim, init_method, stride, config, rank, world_size):
+    """Initialises this rank's shard `weight` of a [full_shape] master weight split along `partition_dim`.
+
+    `stride` > 1 splits each of `stride` equal blocks separately, so a fused [gate; up] fc1 gives every
+    rank [gate_r; up_r].
+    """
+    set_tensor_model_parallel_attributes(weight, world_size > 1, partition_dim, stride)
+    if not config.perform_initialization:
+        return
+    if not config.use_cpu_initialization:
+        with model_parallel_rng_region(), torch.no_grad():
+            init_method(weight)
+        return
+    master = torch.empty(full_shape, dtype=torch.float32)
+    init_method(master)
+    master = master.to(config.params_dtype)
+    pieces = []
+    for block in master.chunk(stride, dim=partition_dim):
+        start, end = partition_range(block.size(partition_dim), rank, world_size)
+        pieces.append(block.narrow(partition_dim, start, end - start))
+    with torch.no_grad():
+        weight.copy_(torch.cat(pieces, dim=partition_dim))
+
+
+def _zero_bias(size: int, config: ModelParallelConfig) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype, device=parameter_device(config)))
+
+
+def _unsupported(layer: str, **options) -> None:
+    for name, value in options.items():
+        if value:
+            raise ValueError(f"{layer}: {name}={value!r} is not supported yet")
+
+
+class ColumnParallelLinear(torch.nn.Module):
+    """Y = XA + b with A split by output columns; returns `(output, bias if skip_bias_add else None)`.
+
+    Input [s, b, in] (or [s/p, b, in] with sequence parallelism, all-gathered here); output
+    [s, b, out/p], or [s, b, out] with `gather_output`. `output_size` need not divide by p (the
+    vocabulary of an output layer), see `partition.py`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        config: ModelParallelConfig,
+        init_method,
+        bias: bool = True,
+        gather_output: bool = False,
+        stride: int = 1,
+        skip_bias_add: bool = False,
+        skip_weight_param_allocation: bool = False,
+        embedding_activation_buffer=None,
+        grad_output_buffer=None,
+        is_expert: bool = False,
+        tp_comm_buffer_name: str | None = None,
+        disable_grad_reduce: bool = False,
+        tp_group=None,
+    ):
+        super().__init__()
+        _unsupported(
+            "ColumnParallelLinear",
+            is_expert=is_expert,
+            disable_grad_reduce=disable_grad_reduce,
+            embedding_activation_buffer=embedding_activation_buffer is not None,
+            grad_output_buffer=grad_output_buffer is not None,
+        )
+        self.input_size, self.output_size = input_size, output_size
+        self.gather_output, self.skip_bias_add = gather_output, skip_bias_add
+        self.config, self.tp_group = config, tp_group
+        self.sequence_parallel = config.sequence_parallel
+        rank, world_size = _tp_rank_and_size(tp_group)
+        _check_last_rank_not_empty(output_size, world_size, "ColumnParallelLinear output_size")
+        self.output_size_per_partition = partition_size(output_size, rank, world_size)
+
+        if skip_weight_param_allocation:
+            self.weight = None
+        else:
+            self.weight = torch.nn.Parameter(
+                torch.empty(
+                    self.output_size_per_partition,
+                    input_size,
+                    dtype=config.params_dtype,
+                    device=parameter_device(config),
+                )
+            )
+            _initialize_affine_weight(
+                self.weight, (output_size, input_size), 0, init_method, stride, config, rank, world_size
+            )
+        if bias:
+            self.bias = _zero_bias(self.output_size_per_partition, config)
+            set_tensor_model_parallel_attributes(self.bias, world_size > 1, 0, stride)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input_: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
+        """`weight` replaces the layer's own (a tied output layer passes the embedding weight)."""
+        if weight is None:
+            if self.weight is None:
+                raise ValueError("ColumnParallelLinear built with skip_weight_param_allocation needs forward(weight=...)")
+            weight = self.weight
+        elif weight.shape != (self.output_size_per_partition, self.input_size):
+            raise ValueError(
+                f"ColumnParallelLinear: weight of shape {tuple(weight.shape)} passed, expected "
+                f"{(self.output_size_per_partition, self.input_size)}"
+            )
+        if self.sequence_parallel:
+            input_parallel = gather_from_sequence_parallel_region(input_, group=self.tp_group)
+        else:
+            input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
+        output = F.linear(input_parallel, weight, None if self.skip_bias_add else self.bias)
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        if gather:
+            output = gather_from_tensor_model_parallel_region(output, self.output_size, group=self.tp_group)
+        return output, (self.bias if self.skip_bias_add else None)
+
+
+class RowParallelLinear(torch.nn.Module):
+    """Y = sum_i X_i A_i + b with A split by input rows; returns `(output, bias if skip_bias_add else None)`.
+
+    Input [s, b, in/p] (`input_is_parallel`) or [s, b, in] (scattered here); the partial products are
+    all-reduced to [s, b, out], or reduce-scattered to [s/p, b, out] with sequence parallelism. The bias
+    is replicated and added after the reduction.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        config: ModelParallelConfig,
+        init_method,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        skip_bias_add: bool = False,
+        stride: int = 1,
+        is_expert: bool = False,
+        tp_comm_buffer_name: str | None = None,
+        tp_group=None,
+    ):
+        super().__init__()
+        _unsupported("RowParallelLinear", is_expert=is_expert)
+        if config.sequence_parallel and not input_is_parallel:
+            raise ValueError("RowParallelLinear: sequence_parallel needs input_is_parallel=True")
+        self.input_size, self.output_size = input_size, output_size
+        self.input_is_parallel, self.skip_bias_add = input_is_parallel, skip_bias_add
+        self.config, self.tp_group = config, tp_group
+        self.sequence_parallel = config.sequence_parallel
+        rank, world_size = _tp_rank_and_size(tp_group)
+        self.tp_world_size = world_size
+        _check_last_rank_not_empty(input_size, world_size, "RowParallelLinear input_size")
+        self.input_size_per_partition = partition_size(input_size, rank, world_size)
+        self.weight = torch.nn.Parameter(
+            torch.empty(
+                output_size, self.input_size_per_partition, dtype=config.params_dtype, device=parameter_device(config)
+            )
+        )
+        _initialize_affine_weight(self.weight, (output_size, input_size), 1, init_method, stride, config, rank, world_size)
+        if bias:
+            self.bias = _zero_bias(output_size, config)
+            # With sequence parallelism each rank sees only its part of the sequence, so the bias grads
+            # must be all-reduced over TP (done by finalize_model_grads for params marked so).
+            self.bias.sequence_parallel = self.sequence_parallel
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input_: torch.Tensor):
+        if self.input_is_parallel:
+            input_parallel = input_
+        else:
+            input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
+        # At TP = 1 the bias can go into the GEMM; otherwise it must be added once, after the reduction.
+        fuse_bias = self.tp_world_size == 1 and not self.skip_bias_add
+        output = F.linear(input_parallel, self.weight, self.bias if fuse_bias else None)
+        if self.sequence_parallel:
+            output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
+        else:
+            output = reduce_from_tensor_model_parallel_region(output, group=self.tp_group)
+        if self.skip_bias_add:
+            return output, self.bias
+        if self.bias is not None and not fuse_bias:
+            output = output + self.bias
+        return output, None
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    """Embedding table split by vocabulary rows over the TP ranks.
+
+    Each rank looks up the ids it owns (others give zero rows) and the partial results are summed over
+    TP: [b, s] ids -> [b, s, h], or, with `reduce_scatter_embeddings`, [s/p, b, h] (sequence parallel).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        init_method,
+        reduce_scatter_embeddings: bool = False,
+        config: ModelParallelConfig,
+        tp_group=None,
+    ):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.reduce_scatter_embeddings, self.tp_group = reduce_scatter_embeddings, tp_group
+        rank, world_size = _tp_rank_and_size(tp_group)
+        self.tp_world_size = world_size
+        _check_last_rank_not_empty(num_embeddings, world_size, "VocabParallelEmbedding vocabulary")
+        self.vocab_start_index, self.vocab_end_index = partition_range(num_embeddings, rank, world_size)
+        self.num_embeddings_per_partition = self.vocab_end_index - self.vocab_start_index
+        self.weight = torch.nn.Parameter(
+            torch.empty(
+                self.num_embeddings_per_partition,
+                embedding_dim,
+                dtype=config.params_dtype,
+                device=parameter_device(config),
+            )
+        )
+        _initialize_affine_weight(
+            self.weight, (num_embeddings, embedding_dim), 0, init_method, 1, config, rank, world_size
+        )
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        if self.tp_world_size > 1:
+            outside = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
+            local_ids = (input_ - self.vocab_start_index).masked_fill(outside, 0)
+            output = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        else:
+            output = F.embedding(input_, self.weight)
+        if self.reduce_scatter_embeddings:
+            return reduce_scatter_to_sequence_parallel_region(output.transpose(0, 1).contiguous(), group=self.tp_group)
+        return reduce_from_tensor_model_parallel_region(output, group=self.tp_group)

@@ -1,0 +1,124 @@
+"""Self-attention: fused QKV projection, optional QK norm, RoPE, core attention, output projection.
+
+QKV layout (Megatron-Core, checkpoint version 3): the rows of `linear_qkv.weight` [ng*(np/ng+2)*hn, h]
+are grouped per key/value group g = 0..ng-1: the group's np/ng query heads, then its key head, then its
+value head, hn rows each. Viewed as [ng, np/ng + 2, hn, h]; for plain multi-head attention (ng = np)
+that is [np, 3, hn, h] = q0 k0 v0 q1 k1 v1 ... The column-parallel split of dim 0 therefore gives
+each TP rank ng/p whole groups.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import build_module
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+@dataclass
+class SelfAttentionSubmodules:
+    """Module slots of `SelfAttention`."""
+
+    linear_qkv: Any = None
+    core_attention: Any = None
+    linear_proj: Any = None
+    q_layernorm: Any = None
+    k_layernorm: Any = None
+
+
+class SelfAttention(MegatronModule):
+    """[s, b, h] -> ([s, b, h], linear_proj bias or None). The bias is returned, not added, so that it
+    can join the residual add (bias-dropout-add)."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        submodules: SelfAttentionSubmodules,
+        layer_number: int,
+        attn_mask_type: AttnMaskType = AttnMaskType.padding,
+    ):
+        super().__init__(config)
+        self.layer_number = layer_number
+        self.attn_mask_type = attn_mask_type
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.hidden_size_per_attention_head = config.kv_channels
+        self.query_projection_size = config.kv_channels * config.num_attention_heads
+        self.kv_projection_size = config.kv_channels * config.num_query_groups
+        self.num_attention_heads_per_partition = config.num_attention_heads // tp
+        self.num_query_groups_per_partition = config.num_query_groups // tp
+
+        self.linear_qkv = build_module(
+            submodules.linear_qkv,
+            config.hidden_size,
+            self.query_projection_size + 2 * self.kv_projection_size,
+            config=config,
+            init_method=config.init_method,
+            gather_output=False,
+            bias=config.add_bias_linear or config.add_qkv_bias,
+            skip_bias_add=False,
+        )
+        self.core_attention = build_module(
+            submodules.core_attention, config=config, layer_number=layer_number, attn_mask_type=attn_mask_type
+        )
+        self.linear_proj = build_module(
+            submodules.linear_proj,
+            self.query_projection_size,
+            config.hidden_size,
+            config=config,
+            init_method=config.output_layer_init_method,
+            bias=config.add_bias_linear,
+            input_is_parallel=True,
+            skip_bias_add=True,
+        )
+        self.q_layernorm = self._build_head_norm(submodules.q_layernorm)
+        self.k_layernorm = self._build_head_norm(submodules.k_layernorm)
+        self.checkpoint_core_attention = (
+            config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
+        )
+
+    def _build_head_norm(self, spec):
+        if spec is None:
+            return None
+        return build_module(
+            spec, hidden_size=self.hidden_size_per_attention_head, config=self.config, eps=self.config.layernorm_epsilon
+        )
+
+    def get_query_key_value_tensors(self, hidden_states: torch.Tensor):
+        """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, ng/p, hn]."""
+        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, ng/p * (np/ng + 2) * hn]
+        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        hn = self.hidden_size_per_attention_head
+        s, b = mixed_qkv.shape[:2]
+        mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * hn)
+        query, key, value = torch.split(mixed_qkv, [heads_per_group * hn, hn, hn], dim=3)
+        query = query.reshape(s, b, self.num_attention_heads_per_partition, hn)
+        if self.q_layernorm is not None:
+            query = self.q_layernorm(query)
+        if self.k_layernorm is not None:
+            key = self.k_layernorm(key)
+        return query, key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        rotary_pos_emb=None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params=None,
+    ):
+        query, key, value = self.get_query_key_value_tensors(hidden_states)
+        if rotary_pos_emb is not None:
+            q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
+            key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
+        core_args = (query, key, value, attention_mask, None, attention_bias, packed_seq_params)
+        if self.checkpoint_core_attention and self.training:
+            context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
+        else:
+            context = self.core_attention(*core_args)
+        return self.linear_proj(context)

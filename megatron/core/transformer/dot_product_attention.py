@@ -1,0 +1,133 @@
+"""Core attention: softmax(Q K^T * scale + mask) V for this rank's heads.
+
+Inputs are sequence-first: query [sq, b, np, hn], key/value [sk, b, ng, hn] (ng <= np key/value
+heads; query head i uses group i // (np/ng)). Output [sq, b, np * hn]. `config.attention_backend`
+picks the kernel: PyTorch SDPA (`auto`, `flash`, `fused`) or the explicit unfused reference (`unfused`,
+`local`), which also honours `attention_softmax_in_fp32` and `apply_query_key_layer_scaling`.
+
+Masks are boolean with True = masked, broadcastable to [b, np, sq, sk]. With `AttnMaskType.causal` and
+no mask given, the causal mask is built in (SDPA's `is_causal`, no mask tensor at all); a given mask
+replaces it.
+"""
+
+import contextlib
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from megatron.core.tensor_parallel.random import model_parallel_rng_region
+from megatron.core.transformer.enums import AttnBackend, AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+logger = logging.getLogger(__name__)
+
+_SDPA_KERNELS = {
+    AttnBackend.auto: None,
+    AttnBackend.flash: [SDPBackend.FLASH_ATTENTION],
+    AttnBackend.fused: [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+}
+_LOGGED_BACKENDS: set = set()
+_MASKED_SCORE = -10000.0  # Megatron's fill value: exp() underflows to 0 yet fully masked rows stay finite
+
+
+class DotProductAttention(MegatronModule):
+    """Core attention of one layer (no projections; those are in `SelfAttention`)."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str = "self",
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+    ):
+        super().__init__(config)
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        head_dim = config.kv_channels
+        if softmax_scale is None:
+            softmax_scale = config.softmax_scale if config.softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        self.softmax_scale = softmax_scale
+        self.backend = config.attention_backend
+        self.use_sdpa = self.backend in _SDPA_KERNELS
+        if self.backend not in _LOGGED_BACKENDS:
+            _LOGGED_BACKENDS.add(self.backend)
+            kernel = "torch scaled_dot_product_attention" if self.use_sdpa else "unfused reference (matmul-softmax-matmul)"
+            logger.info("core attention: %s (attention_backend=%s)", kernel, self.backend.name)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("DotProductAttention: attention_bias and packed sequences are not supported yet")
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if mask_type == AttnMaskType.no_mask:
+            attention_mask = None
+        causal = attention_mask is None and mask_type == AttnMaskType.causal
+        # [s, b, heads, hn] -> [b, heads, s, hn]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if self.use_sdpa:
+            context = self._sdpa(q, k, v, attention_mask, causal, dropout_p)
+        else:
+            context = self._unfused(q, k, v, attention_mask, causal, dropout_p)
+        # [b, np, sq, hn] -> [sq, b, np * hn]
+        b, heads, sq, hn = context.shape
+        return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+    def _sdpa(self, q, k, v, attention_mask, causal, dropout_p):
+        kernels = _SDPA_KERNELS[self.backend]
+        with sdpa_kernel(kernels) if kernels else contextlib.nullcontext(), _dropout_rng(dropout_p):
+            return F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=None if attention_mask is None else ~attention_mask,
+                dropout_p=dropout_p,
+                is_causal=causal,
+                scale=self.softmax_scale,
+                enable_gqa=k.size(1) != q.size(1),
+            )
+
+    def _unfused(self, q, k, v, attention_mask, causal, dropout_p):
+        heads_per_group = q.size(1) // k.size(1)
+        if heads_per_group > 1:
+            k = k.repeat_interleave(heads_per_group, dim=1)
+            v = v.repeat_interleave(heads_per_group, dim=1)
+        # Query-key layer scaling divides by the layer number before the (fp16) matmul result is
+        # formed and multiplies it back in fp32: the same function with a smaller fp16 range.
+        coeff = self.layer_number if self.config.apply_query_key_layer_scaling else 1
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (self.softmax_scale / coeff)  # [b, np, sq, sk]
+        if self.config.attention_softmax_in_fp32:
+            scores = scores.float()
+        if coeff != 1:
+            scores = scores * coeff
+        if causal:
+            sq, sk = scores.shape[-2:]
+            attention_mask = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).triu(1)
+        if attention_mask is not None:
+            scores = scores.masked_fill(attention_mask, _MASKED_SCORE)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        if dropout_p > 0:
+            with _dropout_rng(dropout_p):
+                probs = F.dropout(probs, p=dropout_p)
+        return torch.matmul(probs, v)
+
+
+def _dropout_rng(dropout_p: float):
+    """Heads are split over TP, so their dropout masks come from the per-rank stream."""
+    return model_parallel_rng_region() if dropout_p > 0 else contextlib.nullcontext()

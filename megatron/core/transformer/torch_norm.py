@@ -1,0 +1,68 @@
+"""LayerNorm and RMSNorm in plain PyTorch, with Megatron's zero-centred-gamma option.
+
+With `zero_centered_gamma` (`--apply-layernorm-1p`) the stored weight is w - 1 (initialised to 0) and
+the forward uses w = weight + 1, so weight decay pulls the scale towards 1 instead of 0.
+Parameters carry `sequence_parallel`, telling the grad sync to all-reduce them over TP when the
+activations they see are sequence-split.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.tensor_parallel.layers import parameter_device
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def _norm_parameter(config: TransformerConfig, hidden_size: int, value: float) -> torch.nn.Parameter:
+    param = torch.nn.Parameter(
+        torch.full((hidden_size,), value, dtype=config.params_dtype, device=parameter_device(config))
+    )
+    param.sequence_parallel = config.sequence_parallel
+    return param
+
+
+class LayerNorm(torch.nn.Module):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False):
+        super().__init__()
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
+        self.bias = _norm_parameter(config, hidden_size, 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + 1 if self.zero_centered_gamma else self.weight
+        return F.layer_norm(x, (self.hidden_size,), weight, self.bias, self.eps)
+
+
+class RMSNorm(torch.nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w over the last dimension (no bias)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False):
+        super().__init__()
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + 1 if self.zero_centered_gamma else self.weight
+        return F.rms_norm(x, (self.hidden_size,), weight, self.eps)
+
+
+class WrappedTorchNorm:
+    """Spec slot for a norm: builds `LayerNorm` or `RMSNorm` according to `config.normalization`
+    (or `normalization` when given), zero-centred when `config.layernorm_zero_centered_gamma`."""
+
+    def __new__(
+        cls,
+        config: TransformerConfig,
+        hidden_size: int,
+        eps: float = 1e-5,
+        zero_centered_gamma: bool = False,
+        normalization: str | None = None,
+    ):
+        normalization = normalization or config.normalization
+        norms = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}
+        if normalization not in norms:
+            raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
+        zero_centered = zero_centered_gamma or config.layernorm_zero_centered_gamma
+        return norms[normalization](config, hidden_size, eps=eps, zero_centered_gamma=zero_centered)

@@ -1,0 +1,286 @@
+"""`TransformerConfig`: the architecture of a Megatron-Core transformer, validated up front.
+
+Field names and defaults are Megatron-Core's. `__post_init__` fills the derived defaults
+(`ffn_hidden_size = 4h`, `kv_channels = h / heads`, `num_query_groups = heads`, the init methods) and
+reports every problem it finds in one `ValueError` with the numbers involved.
+
+Activation functions and Megatron's flags: `activation_func=F.gelu` is exact (erf) GELU, but with
+`bias_activation_fusion=True` (what `--bias-gelu-fusion`, on by default in Megatron-LM, sets) Megatron's
+fused bias-GELU uses the tanh approximation, and so do we; that is Hugging Face GPT-2's `gelu_new`.
+`--swiglu` is `gated_linear_unit=True, activation_func=F.silu`; `--squared-relu` is
+`activation_func=megatron.core.activations.squared_relu`.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch.nn.functional as F
+
+from megatron.core.model_parallel_config import ModelParallelConfig, divisors, raise_config_problems
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
+
+RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
+RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
+
+
+@dataclass
+class TransformerConfig(ModelParallelConfig):
+    """Architecture, initialisation, precision and recompute settings of a transformer."""
+
+    # --- architecture ------------------------------------------------------------------------------------
+    num_layers: int = 0
+    """Transformer layers in the whole model (all pipeline stages)."""
+
+    hidden_size: int = 0
+    """Width h of the residual stream."""
+
+    num_attention_heads: int = 0
+    """Query heads np."""
+
+    num_query_groups: Optional[int] = None
+    """Key/value heads ng (grouped-query attention); defaults to `num_attention_heads` (plain MHA)."""
+
+    ffn_hidden_size: Optional[int] = None
+    """MLP width f; defaults to 4h (the `--swiglu` 8h/3 rule belongs to the argument parser)."""
+
+    kv_channels: Optional[int] = None
+    """Per-head width hn; defaults to h // np."""
+
+    hidden_dropout: float = 0.1
+    """Dropout on the embedding output and on each residual branch."""
+
+    attention_dropout: float = 0.1
+    """Dropout on the attention probabilities."""
+
+    softmax_scale: Optional[float] = None
+    """Scale of QK^T; defaults to 1/sqrt(hn)."""
+
+    attention_backend: AttnBackend = AttnBackend.auto
+    """Core-attention implementation (see `AttnBackend`); a name such as "flash" is accepted too."""
+
+    apply_residual_connection_post_layernorm: bool = False
+    """Take the residual after the layer norm instead of before it (original BERT ordering)."""
+
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of every LayerNorm/RMSNorm (`--norm-epsilon`)."""
+
+    layernorm_zero_centered_gamma: bool = False
+    """Store norm weights as w - 1 so they start at 0 (`--apply-layernorm-1p`)."""
+
+    normalization: str = "LayerNorm"
+    """"LayerNorm" or "RMSNorm"."""
+
+    qk_layernorm: bool = False
+    """Normalise each query and key head (with `normalization`) before RoPE."""
+
+    add_bias_linear: bool = True
+    """Biases on every linear layer (`--disable-bias-linear` turns them off)."""
+
+    add_qkv_bias: bool = False
+    """Bias on the QKV projection even when `add_bias_linear` is False (Qwen)."""
+
+    gated_linear_unit: bool = False
+    """fc1 produces [gate, up] (2f wide) and the MLP computes act(gate) * up (SwiGLU with F.silu)."""
+
+    activation_func: Callable = F.gelu
+    """MLP non-linearity."""
+
+    bias_activation_fusion: bool = False
+    """Megatron's fused bias+activation; with F.gelu it computes the tanh-approximated GELU."""
+
+    rotary_interleaved: bool = False
+    """Rotate (even, odd) dimension pairs (RoFormer) instead of the two halves (Llama, the default)."""
+
+    apply_query_key_layer_scaling: bool = False
+    """Divide QK^T by the layer number before the softmax and multiply back inside it (fp16 range)."""
+
+    attention_softmax_in_fp32: bool = True
+    """Compute the unfused attention softmax in fp32 when activations are fp16/bf16."""
+
+    calculate_per_token_loss: bool = False
+    """Normalise the loss by the number of tokens in the global batch (read by the schedules)."""
+
+    # --- initialisation ----------------------------------------------------------------------------------
+    init_method: Optional[Callable] = None
+    """Initialiser of the weights; defaults to N(0, init_method_std^2). Biases start at 0."""
+
+    output_layer_init_method: Optional[Callable] = None
+    """Initialiser of `linear_proj` and `linear_fc2`; defaults to N(0, (init_method_std/sqrt(2L))^2)."""
+
+    init_method_std: float = 0.02
+    """Standard deviation of the default initialisers."""
+
+    # --- kernel choices (same maths either way) ----------------------------------------------------------
+    masked_softmax_fusion: bool = False
+    """Accepted for compatibility: our attention always uses PyTorch's fused kernels."""
+
+    bias_dropout_fusion: bool = False
+    """Accepted for compatibility: bias+dropout+add is the same function either way."""
+
+    persist_layer_norm: bool = False
+    """Accepted for compatibility: the layer norms are PyTorch's."""
+
+    apply_rope_fusion: bool = False
+    """Accepted for compatibility: RoPE is the same function either way."""
+
+    # --- activation recomputation ------------------------------------------------------------------------
+    recompute_granularity: Optional[str] = None
+    """"full" (recompute whole layers) or "selective" (recompute `recompute_modules` only)."""
+
+    recompute_method: Optional[str] = None
+    """For "full": "uniform" (chunks of `recompute_num_layers` layers) or "block" (the first
+    `recompute_num_layers` layers of each pipeline stage)."""
+
+    recompute_num_layers: Optional[int] = None
+    """Layers per recompute chunk ("uniform") or recomputed layers per stage ("block")."""
+
+    distribute_saved_activations: Optional[bool] = None
+    """Split the saved layer inputs over the TP ranks during full recompute."""
+
+    recompute_modules: Optional[list] = None
+    """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp."""
+
+    # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
+    fp8: Optional[str] = None
+    """FP8 training format ("e4m3" or "hybrid")."""
+
+    num_moe_experts: Optional[int] = None
+    """Experts per MoE layer."""
+
+    multi_latent_attention: bool = False
+    """DeepSeek multi-latent attention."""
+
+    window_size: Optional[tuple] = None
+    """Sliding-window attention (left, right)."""
+
+    fp32_residual_connection: bool = False
+    """Keep the residual stream in fp32."""
+
+    def __post_init__(self):
+        problems = self.parallelism_problems()
+        problems += self._size_problems()
+        problems += self._recompute_problems()
+        problems += self._feature_problems()
+        raise_config_problems("TransformerConfig", problems)
+        if self.apply_query_key_layer_scaling:
+            self.attention_softmax_in_fp32 = True
+        if self.init_method is None:
+            self.init_method = init_method_normal(self.init_method_std)
+        if self.output_layer_init_method is None:
+            self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
+
+    def _size_problems(self) -> list[str]:
+        problems = []
+        for name in ("num_layers", "hidden_size", "num_attention_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if problems:
+            return problems
+        tp, heads = self.tensor_model_parallel_size, self.num_attention_heads
+        if heads % tp:
+            problems.append(
+                f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp}); "
+                f"TP sizes that divide {heads} heads: {', '.join(map(str, divisors(heads)))}"
+            )
+        if self.num_query_groups is None:
+            self.num_query_groups = heads
+        groups = self.num_query_groups
+        if groups < 1 or heads % groups:
+            problems.append(
+                f"num_query_groups ({groups}) must divide num_attention_heads ({heads}): "
+                f"{', '.join(map(str, divisors(heads)))}"
+            )
+        elif groups % tp:
+            problems.append(
+                f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}) so that "
+                f"each TP rank holds whole key/value heads; TP sizes that divide {groups}: "
+                f"{', '.join(map(str, divisors(groups)))}"
+            )
+        if self.kv_channels is None:
+            self.kv_channels = self.hidden_size // heads
+        if self.kv_channels < 1:
+            problems.append(f"kv_channels must be positive, got {self.kv_channels}")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.ffn_hidden_size % tp:
+            problems.append(
+                f"ffn_hidden_size ({self.ffn_hidden_size}) must be a multiple of tensor_model_parallel_size ({tp})"
+            )
+        pp, vpp = self.pipeline_model_parallel_size, self.virtual_pipeline_model_parallel_size
+        chunks = pp * (vpp or 1)
+        if self.num_layers % chunks:
+            layout = f"pipeline_model_parallel_size ({pp})" + (
+                f" x virtual_pipeline_model_parallel_size ({vpp})" if vpp else ""
+            )
+            problems.append(f"num_layers ({self.num_layers}) must be divisible by {layout} = {chunks}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {value}")
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            problems.append(f"normalization must be 'LayerNorm' or 'RMSNorm', got {self.normalization!r}")
+        if isinstance(self.attention_backend, str):
+            if self.attention_backend not in AttnBackend.__members__:
+                problems.append(
+                    f"attention_backend {self.attention_backend!r} is not one of {', '.join(AttnBackend.__members__)}"
+                )
+            else:
+                self.attention_backend = AttnBackend[self.attention_backend]
+        if self.bias_activation_fusion:
+            if self.activation_func not in (F.gelu, F.silu):
+                problems.append("bias_activation_fusion=True needs activation_func F.gelu or F.silu (SwiGLU)")
+            elif self.activation_func is F.silu and not self.gated_linear_unit:
+                problems.append("bias_activation_fusion=True with F.silu needs gated_linear_unit=True (SwiGLU)")
+            elif self.activation_func is F.gelu and not self.gated_linear_unit and not self.add_bias_linear:
+                problems.append("bias_activation_fusion=True with GELU needs add_bias_linear=True (bias-GELU fusion)")
+        return problems
+
+    def _recompute_problems(self) -> list[str]:
+        problems = []
+        if self.recompute_modules is None:
+            self.recompute_modules = ["core_attn"]
+        granularity, method, num = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if granularity is None:
+            return problems
+        if granularity not in ("full", "selective"):
+            return [f"recompute_granularity must be 'full' or 'selective', got {granularity!r}"]
+        if method is not None and method not in ("uniform", "block"):
+            problems.append(f"recompute_method must be 'uniform' or 'block', got {method!r}")
+        if granularity == "full":
+            per_stage = self.num_layers // max(self.pipeline_model_parallel_size, 1)
+            if method is None:
+                problems.append("recompute_granularity='full' needs recompute_method 'uniform' or 'block'")
+            if num is None or not 1 <= num <= max(per_stage, 1):
+                problems.append(
+                    f"recompute_granularity='full' needs recompute_num_layers between 1 and the layers per "
+                    f"pipeline stage ({per_stage}), got {num}"
+                )
+        else:
+            if num is not None:
+                problems.append(f"recompute_granularity='selective' needs recompute_num_layers=None, got {num}")
+            for module in self.recompute_modules:
+                if module in RECOMPUTE_MODULES_NOT_YET:
+                    problems.append(f"recompute_modules entry {module!r} is not supported yet")
+                elif module not in RECOMPUTE_MODULES_SUPPORTED:
+                    problems.append(
+                        f"unknown recompute_modules entry {module!r}; valid: "
+                        f"{', '.join(RECOMPUTE_MODULES_SUPPORTED + RECOMPUTE_MODULES_NOT_YET)}"
+                    )
+        if self.distribute_saved_activations:
+            problems.append("distribute_saved_activations=True is not supported yet")
+        return problems
+
+    def _feature_problems(self) -> list[str]:
+        not_yet = {
+            "fp8": self.fp8 is not None,
+            "num_moe_experts": self.num_moe_experts is not None,
+            "multi_latent_attention": self.multi_latent_attention,
+            "window_size": self.window_size is not None,
+            "fp32_residual_connection": self.fp32_residual_connection,
+            "context_parallel_size > 1": self.context_parallel_size > 1,
+            "expert_model_parallel_size > 1": self.expert_model_parallel_size > 1,
+        }
+        return [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
+

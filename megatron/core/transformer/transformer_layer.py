@@ -1,0 +1,94 @@
+"""One pre-norm transformer layer:
+
+    x = x + dropout(attention(norm1(x)) + b_proj)
+    x = x + dropout(mlp(norm2(x)) + b_fc2)
+
+(with `apply_residual_connection_post_layernorm` the residual is norm(x) instead of x).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import build_module
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def get_transformer_layer_offset(config: TransformerConfig, vp_stage: int | None = None) -> int:
+    """Global index of this pipeline stage's first layer.
+
+    Stages get L / (pp * vpp) consecutive layers; with virtual stages, chunk k of PP rank p starts at
+    k * (L / vpp) + p * L / (pp * vpp), i.e. the chunks go round-robin over the ranks.
+    """
+    pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size
+    if pp == 1 and vpp is None:
+        return 0
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    layers_per_chunk = config.num_layers // (pp * (vpp or 1))
+    if vpp is None:
+        return pp_rank * layers_per_chunk
+    if vp_stage is None:
+        vp_stage = parallel_state.get_virtual_pipeline_model_parallel_rank() or 0
+    return vp_stage * (config.num_layers // vpp) + pp_rank * layers_per_chunk
+
+
+@dataclass
+class TransformerLayerSubmodules:
+    """Module slots of `TransformerLayer`."""
+
+    input_layernorm: Any = IdentityOp
+    self_attention: Any = IdentityOp
+    self_attn_bda: Any = IdentityFuncOp
+    pre_mlp_layernorm: Any = IdentityOp
+    mlp: Any = IdentityOp
+    mlp_bda: Any = IdentityFuncOp
+
+
+class TransformerLayer(MegatronModule):
+    """[s, b, h] -> [s, b, h]. `layer_number` counts from 1 within this stage; `self.layer_number` is
+    the global 1-based number (it scales query-key layer scaling)."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        submodules: TransformerLayerSubmodules,
+        layer_number: int = 1,
+        hidden_dropout: float | None = None,
+        vp_stage: int | None = None,
+    ):
+        super().__init__(config)
+        self.layer_number = layer_number + get_transformer_layer_offset(config, vp_stage)
+        self.hidden_dropout = config.hidden_dropout if hidden_dropout is None else hidden_dropout
+        norm_args = dict(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+        self.input_layernorm = build_module(submodules.input_layernorm, **norm_args)
+        self.self_attention = build_module(submodules.self_attention, config=config, layer_number=self.layer_number)
+        self.self_attn_bda = build_module(submodules.self_attn_bda)
+        self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, **norm_args)
+        self.mlp = build_module(submodules.mlp, config=config)
+        self.mlp_bda = build_module(submodules.mlp_bda)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rotary_pos_emb=None,
+        context: torch.Tensor | None = None,
+    ):
+        """Returns `(hidden_states, context)`, Megatron's layer contract; `context` (an encoder output for
+        cross-attention layers) passes through unchanged."""
+        post_norm_residual = self.config.apply_residual_connection_post_layernorm
+        normed = self.input_layernorm(hidden_states)
+        attention_output_with_bias = self.self_attention(normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb)
+        residual = normed if post_norm_residual else hidden_states
+        bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
+        hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
+
+        normed = self.pre_mlp_layernorm(hidden_states)
+        mlp_output_with_bias = self.mlp(normed)
+        residual = normed if post_norm_residual else hidden_states
+        bda = self.mlp_bda(self.training, self.config.bias_dropout_fusion)
+        return bda(mlp_output_with_bias, residual, self.hidden_dropout), context
