@@ -1,0 +1,3 @@
+from .schedules import get_forward_backward_func
+
+__all__ = ["get_forward_backward_func"]
