@@ -1,0 +1,153 @@
+"""`build_tokenizer(args)`: the tokenizer named by `--tokenizer-type`, after checking its flags and files."""
+
+import math
+import os
+
+from megatron.training.tokenizer.bert_wordpiece import BertWordPieceTokenizer
+from megatron.training.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.training.tokenizer.huggingface import HuggingFaceTokenizer
+from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.training.tokenizer.null_tokenizer import NullTokenizer
+from megatron.training.tokenizer.sentencepiece_tokenizers import (
+    GPTSentencePieceTokenizer,
+    Llama2Tokenizer,
+    SentencePieceTokenizer,
+)
+from megatron.training.tokenizer.tiktoken_tokenizer import PATTERNS, TikTokenizer
+
+# --tokenizer-type -> the attributes holding the files it reads. HuggingFaceTokenizer's
+# --tokenizer-model is a directory or a hub id, which the tokenizer itself checks.
+FILES_BY_TYPE = {
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "SentencePieceTokenizer": ("tokenizer_model",),
+    "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "Llama2Tokenizer": ("tokenizer_model",),
+    "HuggingFaceTokenizer": (),
+    "TikTokenizer": ("tokenizer_model",),
+    "NullTokenizer": (),
+}
+TOKENIZER_TYPES = tuple(FILES_BY_TYPE)
+
+
+def vocab_size_with_padding(
+    orig_vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_model_parallel_size: int = 1
+) -> int:
+    """Rows of the embedding and output layers: `ceil(V / m) * m` with `m = divisible_by * TP`.
+
+    Each tensor-parallel rank holds `padded / TP` rows, a multiple of `divisible_by` (GPU-friendly
+    shapes). GPT-2's 50257 -> 50304 at TP 1, 50432 at TP 2, 51200 at TP 8.
+    """
+    if make_vocab_size_divisible_by < 1 or tensor_model_parallel_size < 1:
+        raise ValueError(
+            f"--make-vocab-size-divisible-by ({make_vocab_size_divisible_by}) and the tensor-parallel size "
+            f"({tensor_model_parallel_size}) must be >= 1"
+        )
+    multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
+    return int(math.ceil(orig_vocab_size / multiple) * multiple)
+
+
+def _flag(attribute: str) -> str:
+    return "--" + attribute.replace("_", "-")
+
+
+def _problems(args) -> list[str]:
+    """Everything wrong with the tokenizer flags, to report at once."""
+    tokenizer_type = getattr(args, "tokenizer_type", None)
+    if tokenizer_type is None:
+        return [f"--tokenizer-type is required; choose one of {', '.join(TOKENIZER_TYPES)}"]
+    if tokenizer_type not in FILES_BY_TYPE:
+        return [f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {', '.join(TOKENIZER_TYPES)}"]
+    problems = []
+    for attribute in FILES_BY_TYPE[tokenizer_type]:
+        path = getattr(args, attribute, None)
+        if path is None:
+            problems.append(f"{_flag(attribute)} is required by --tokenizer-type {tokenizer_type}")
+        elif not os.path.isfile(path):
+            what = "is a directory, not a file" if os.path.isdir(path) else "does not exist"
+            problems.append(f"{_flag(attribute)} {path!r} (needed by --tokenizer-type {tokenizer_type}) {what}")
+    if tokenizer_type == "HuggingFaceTokenizer" and getattr(args, "tokenizer_model", None) is None:
+        problems.append("--tokenizer-model (a directory or a hub id) is required by --tokenizer-type HuggingFaceTokenizer")
+    if tokenizer_type == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
+        problems.append("--vocab-size is required by --tokenizer-type NullTokenizer")
+    if tokenizer_type == "TikTokenizer" and getattr(args, "tiktoken_pattern", None) not in PATTERNS:
+        problems.append(
+            f"--tiktoken-pattern v1 or v2 is required by --tokenizer-type TikTokenizer, "
+            f"got {getattr(args, 'tiktoken_pattern', None)!r}"
+        )
+    return problems
+
+
+def _construct(args) -> MegatronTokenizer:
+    tokenizer_type = args.tokenizer_type
+    if tokenizer_type in ("BertWordPieceLowerCase", "BertWordPieceCase"):
+        return BertWordPieceTokenizer(
+            args.vocab_file,
+            lower_case=tokenizer_type == "BertWordPieceLowerCase",
+            vocab_extra_ids=getattr(args, "vocab_extra_ids", 0),
+        )
+    if tokenizer_type == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(args.vocab_file, args.merge_file)
+    if tokenizer_type == "SentencePieceTokenizer":
+        return SentencePieceTokenizer(args.tokenizer_model, vocab_extra_ids=getattr(args, "vocab_extra_ids", 0))
+    if tokenizer_type == "GPTSentencePieceTokenizer":
+        return GPTSentencePieceTokenizer(args.tokenizer_model)
+    if tokenizer_type == "Llama2Tokenizer":
+        return Llama2Tokenizer(args.tokenizer_model)
+    if tokenizer_type == "HuggingFaceTokenizer":
+        return HuggingFaceTokenizer(
+            args.tokenizer_model,
+            trust_remote_code=getattr(args, "trust_remote_code", False),
+            include_special_tokens=getattr(args, "tokenizer_hf_include_special_tokens", True),
+        )
+    if tokenizer_type == "TikTokenizer":
+        return TikTokenizer(
+            args.tokenizer_model,
+            pattern=args.tiktoken_pattern,
+            vocab_size=getattr(args, "vocab_size", None),
+            num_special_tokens=getattr(args, "tiktoken_num_special_tokens", 1000),
+            special_tokens=getattr(args, "tiktoken_special_tokens", None),
+        )
+    return NullTokenizer(
+        args.vocab_size,
+        eod_id=getattr(args, "null_tokenizer_eod_id", None),
+        pad_id=getattr(args, "null_tokenizer_pad_id", -1),
+    )
+
+
+def build_tokenizer(args) -> MegatronTokenizer:
+    """Builds the tokenizer of `args` (an argparse Namespace or any object with the tokenizer flags).
+
+    Sets `args.padded_vocab_size` unless it is already set (from `--padded-vocab-size` or a checkpoint),
+    with `args.make_vocab_size_divisible_by` (default 128) and `args.tensor_model_parallel_size`
+    (default 1). Prints Megatron's two log lines on rank 0 (`args.rank`, default 0).
+    """
+    problems = _problems(args)
+    if problems:
+        raise ValueError("invalid tokenizer arguments:\n  - " + "\n  - ".join(problems))
+    log = getattr(args, "rank", 0) == 0
+    if log:
+        print(f"> building {args.tokenizer_type} tokenizer ...", flush=True)
+    tokenizer = _construct(args)
+
+    padded = getattr(args, "padded_vocab_size", None)
+    if padded is None:
+        padded = vocab_size_with_padding(
+            tokenizer.vocab_size,
+            getattr(args, "make_vocab_size_divisible_by", 128),
+            getattr(args, "tensor_model_parallel_size", 1),
+        )
+        args.padded_vocab_size = padded
+        if log:
+            print(
+                f" > padded vocab (size: {tokenizer.vocab_size}) with {padded - tokenizer.vocab_size} dummy "
+                f"tokens (new size: {padded})",
+                flush=True,
+            )
+    elif padded < tokenizer.vocab_size:
+        raise ValueError(
+            f"--padded-vocab-size {padded} is smaller than the {args.tokenizer_type} vocabulary "
+            f"({tokenizer.vocab_size} ids)"
+        )
+    return tokenizer

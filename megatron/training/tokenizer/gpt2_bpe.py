@@ -1,0 +1,120 @@
+"""GPT-2 byte-level BPE (`--tokenizer-type GPT2BPETokenizer`) from `vocab.json` + `merges.txt`.
+
+The algorithm is OpenAI's `encoder.py` (which Megatron-LM copies as `gpt2_tokenization.py`):
+1. pre-split the text with
+   `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`;
+2. map each piece's UTF-8 bytes to printable characters (`bytes_to_unicode`: byte b -> chr(b) for the
+   printable Latin-1 bytes, the other 68 bytes -> chr(256 + k) in order);
+3. merge adjacent symbols greedily, always the pair with the lowest rank in `merges.txt`.
+The Rust `tokenizers` library runs exactly these steps (ByteLevel pre-tokenizer without a prefix space,
+BPE model, ByteLevel decoder), several times faster than the Python original.
+
+No special tokens: the text "<|endoftext|>" inside a document is tokenized as ordinary text, as in
+Megatron-LM; only `eod` is the id of `<|endoftext|>`.
+"""
+
+import json
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def read_vocab_json(vocab_file: str) -> dict[str, int]:
+    """`vocab.json`: one JSON object mapping each byte-level token to its id."""
+    try:
+        with open(vocab_file, encoding="utf-8") as file:
+            vocab = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--vocab-file {vocab_file!r} is not a readable GPT-2 vocab.json: {error}") from error
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise ValueError(f"--vocab-file {vocab_file!r} must hold one JSON object of token -> integer id")
+    return vocab
+
+
+def read_merges_txt(merge_file: str) -> list[tuple[str, str]]:
+    """`merges.txt`: a `#version` header line, then one `left right` pair per line, by rank.
+
+    Megatron-LM (and `transformers`) keep `read().split("\\n")[1:-1]`: the first line is taken to be the
+    header and the last line to be the empty string after the final newline, whatever they hold. We do
+    the same so that a file without a header or a final newline gives Megatron's ids, not different ones.
+    """
+    try:
+        with open(merge_file, encoding="utf-8") as file:
+            lines = file.read().split("\n")[1:-1]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--merge-file {merge_file!r} is not a readable merges.txt: {error}") from error
+    merges = []
+    for line_number, line in enumerate(lines, start=2):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise ValueError(
+                f"--merge-file {merge_file!r} line {line_number}: expected two space-separated tokens, "
+                f"got {line!r}"
+            )
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+class GPT2BPETokenizer(MegatronTokenizer):
+    """GPT-2 byte-level BPE; ids identical to OpenAI's and Megatron-LM's Python implementation."""
+
+    megatron_class_name = "_GPT2BPETokenizer"
+
+    def __init__(self, vocab_file: str, merge_file: str):
+        super().__init__(vocab_file, merge_file)
+        self._vocab = read_vocab_json(vocab_file)
+        if END_OF_TEXT not in self._vocab:
+            raise ValueError(
+                f"--vocab-file {vocab_file!r} has no {END_OF_TEXT!r} token, which GPT2BPETokenizer uses as "
+                "the end-of-document id"
+            )
+        try:
+            model = models.BPE(self._vocab, read_merges_txt(merge_file))
+        except Exception as error:  # the Rust binding raises a bare Exception for a merge of unknown tokens
+            raise ValueError(
+                f"--vocab-file {vocab_file!r} and --merge-file {merge_file!r} do not belong together: {error}"
+            ) from error
+        self._tokenizer = Tokenizer(model)
+        self._tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        self._tokenizer.decoder = decoders.ByteLevel()
+        self._inv_vocab = {token_id: token for token, token_id in self._vocab.items()}
+        self._eod_id = self._vocab[END_OF_TEXT]
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def detokenize(self, ids) -> str:
+        """Concatenates the tokens' bytes and decodes them as UTF-8, invalid bytes becoming U+FFFD."""
+        ids = [int(token_id) for token_id in ids]
+        unknown = [token_id for token_id in ids if token_id not in self._inv_vocab]
+        if unknown:
+            raise ValueError(f"GPT2BPETokenizer: ids {unknown[:5]} are outside the vocabulary of {self.vocab_size}")
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    @property
+    def inv_vocab(self) -> dict[int, str]:
+        return self._inv_vocab
+
+    @property
+    def eod(self) -> int:
+        return self._eod_id
+
+    @property
+    def eos(self) -> int:
+        return self._eod_id
