@@ -282,13 +282,12 @@ def init_num_microbatches_calculator(
     decrease_batch_size_if_needed: bool = False,
 ) -> None:
     """Builds the global calculator (constant, or ramp-up from `[start, increment, samples]`); rank 0 logs."""
-    global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
     if _GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None:
         raise RuntimeError(
             "the num-microbatches calculator is already initialised: use reconfigure_num_microbatches_calculator "
             "or destroy_num_microbatches_calculator first"
         )
-    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
+    reconfigure_num_microbatches_calculator(
         rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
     )
 

@@ -60,28 +60,29 @@ def _stage_chunk(model: List[torch.nn.Module]) -> torch.nn.Module:
     return model[0]
 
 
+def _allreduce_stage_copies(model: List[torch.nn.Module], group, is_copy) -> None:
+    """Sums over `group` the grads of this stage's params for which `is_copy(name, param)` holds."""
+    if dist.get_world_size(group) == 1:
+        return
+    chunk = _stage_chunk(model)
+    grads = [
+        _main_grad(param) for name, param in chunk.named_parameters() if param.requires_grad and is_copy(name, param)
+    ]
+    _all_reduce_coalesced(grads, group)
+
+
 def _allreduce_embedding_grads(model: List[torch.nn.Module]) -> None:
     """Sums the grads of weights that live on several pipeline stages over their group."""
     if parallel_state.is_rank_in_embedding_group():
-        group = parallel_state.get_embedding_group()
-        if dist.get_world_size(group) > 1:
-            chunk = _stage_chunk(model)
-            shared = [
-                _main_grad(param)
-                for param in chunk.parameters()
-                if param.requires_grad and getattr(param, "shared_embedding", False)
-            ]
-            _all_reduce_coalesced(shared, group)
+        _allreduce_stage_copies(
+            model, parallel_state.get_embedding_group(), lambda name, param: getattr(param, "shared_embedding", False)
+        )
     if parallel_state.is_rank_in_position_embedding_group():
-        group = parallel_state.get_position_embedding_group()
-        if dist.get_world_size(group) > 1:
-            chunk = _stage_chunk(model)
-            position = [
-                _main_grad(param)
-                for name, param in chunk.named_parameters()
-                if param.requires_grad and name.endswith("position_embeddings.weight")
-            ]
-            _all_reduce_coalesced(position, group)
+        _allreduce_stage_copies(
+            model,
+            parallel_state.get_position_embedding_group(),
+            lambda name, param: name.endswith("position_embeddings.weight"),
+        )
 
 
 def finalize_model_grads(model: List[torch.nn.Module], num_tokens: Optional[torch.Tensor] = None) -> None:
