@@ -1,0 +1,105 @@
+"""The one table of flags whose feature is not built yet.
+
+Validation refuses a row's flag when its value differs from the parser default (or, for a row that lists
+`values`, when it is one of them), so a run never silently ignores what was asked for. When a feature lands,
+delete its row.
+"""
+
+import argparse
+import functools
+from dataclasses import dataclass
+
+from megatron.training.arguments.parser import build_parser
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    flag: str
+    message: str
+    values: tuple = ()  # empty: every value other than the default is refused
+
+
+_PIPELINE = "pipeline parallelism is not supported yet"
+_MOE = "mixture-of-experts layers are not supported yet"
+_DIST_CKPT = "only --ckpt-format torch exists so far; distributed checkpoint options are not supported yet"
+
+UNSUPPORTED = (
+    Unsupported("--tensor-model-parallel-size", "tensor parallelism (TP > 1) is not supported yet; use 1"),
+    Unsupported("--pipeline-model-parallel-size", f"{_PIPELINE}; use 1"),
+    Unsupported("--num-layers-per-virtual-pipeline-stage", _PIPELINE),
+    Unsupported("--num-virtual-stages-per-pipeline-rank", _PIPELINE),
+    Unsupported("--pipeline-model-parallel-layout", _PIPELINE),
+    Unsupported("--decoder-first-pipeline-num-layers", _PIPELINE),
+    Unsupported("--decoder-last-pipeline-num-layers", _PIPELINE),
+    Unsupported("--context-parallel-size", "context parallelism (CP > 1) is not supported yet; use 1"),
+    Unsupported("--hierarchical-context-parallel-sizes", "context parallelism is not supported yet"),
+    Unsupported("--expert-model-parallel-size", "expert parallelism (EP > 1) is not supported yet; use 1"),
+    Unsupported("--sequence-parallel", "sequence parallelism (with TP > 1) is not supported yet"),
+    Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
+                                     "(Megatron does it with Transformer Engine userbuffers)"),
+    Unsupported("--use-distributed-optimizer", "the distributed optimizer is not supported yet"),
+    Unsupported("--overlap-grad-reduce", "overlapping the gradient reduction is not supported yet"),
+    Unsupported("--overlap-param-gather", "overlapping the parameter all-gather is not supported yet"),
+    Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
+    Unsupported("--use-megatron-fsdp", "FSDP is not supported yet"),
+    Unsupported("--fp8-format", "FP8 training is not supported yet"),
+    Unsupported("--fp8-param-gather", "FP8 training is not supported yet"),
+    Unsupported("--first-last-layers-bf16", "FP8 training is not supported yet"),
+    Unsupported("--fp4-format", "FP4 training is not supported yet"),
+    Unsupported("--fp4-param-gather", "FP4 training is not supported yet"),
+    Unsupported("--te-rng-tracker", "the Transformer Engine back end is not supported yet"),
+    Unsupported("--transformer-impl", "only --transformer-impl local (pure PyTorch) exists so far",
+                ("transformer_engine", "inference_optimized")),
+    Unsupported("--embedding-init-method-std", "a separate embedding init std is not supported yet"),
+    Unsupported("--position-embedding-type", "is not supported yet; use learned_absolute, rope or none",
+                ("yarn", "mrope", "relative")),
+    Unsupported("--optimizer", "is not supported yet; use adam or sgd",
+                ("muon", "dist_muon", "lion", "soap", "adaptive_muon")),
+    Unsupported("--step-batch-size-schedule", "is not supported yet; use --rampup-batch-size"),
+    Unsupported("--ckpt-format", "only --ckpt-format torch exists so far (Megatron's default torch_dist is "
+                                 "not supported yet)"),
+    Unsupported("--ckpt-convert-format", _DIST_CKPT),
+    Unsupported("--ckpt-fully-parallel-load", _DIST_CKPT),
+    Unsupported("--no-ckpt-fully-parallel-save", _DIST_CKPT),
+    Unsupported("--dist-ckpt-strictness", _DIST_CKPT),
+    Unsupported("--async-save", "asynchronous checkpoint saving is not supported yet"),
+    Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
+    Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
+    Unsupported("--adlr-autoresume", "ADLR autoresume needs NVIDIA's internal cluster library"),
+    Unsupported("--num-experts", _MOE),
+    Unsupported("--moe-layer-freq", _MOE),
+    Unsupported("--moe-ffn-hidden-size", _MOE),
+    Unsupported("--moe-shared-expert-intermediate-size", _MOE),
+    Unsupported("--moe-router-topk", _MOE),
+    Unsupported("--moe-router-load-balancing-type", _MOE),
+    Unsupported("--moe-aux-loss-coeff", _MOE),
+    Unsupported("--moe-z-loss-coeff", _MOE),
+    Unsupported("--moe-router-score-function", _MOE),
+    Unsupported("--moe-router-pre-softmax", _MOE),
+    Unsupported("--moe-router-enable-expert-bias", _MOE),
+    Unsupported("--moe-router-bias-update-rate", _MOE),
+    Unsupported("--moe-token-dispatcher-type", _MOE),
+    Unsupported("--moe-grouped-gemm", _MOE),
+    Unsupported("--moe-expert-capacity-factor", _MOE),
+    Unsupported("--moe-token-drop-policy", _MOE),
+    Unsupported("--moe-permute-fusion", _MOE),
+)
+
+
+@functools.cache
+def _actions_by_flag() -> dict:
+    return {option: action for action in build_parser()._actions for option in action.option_strings}
+
+
+def find_unsupported(args: argparse.Namespace) -> list:
+    """One message per row of UNSUPPORTED that `args` asks for."""
+    actions = _actions_by_flag()
+    problems = []
+    for row in UNSUPPORTED:
+        action = actions[row.flag]
+        value = getattr(args, action.dest, action.default)
+        refused = value in row.values if row.values else value != action.default
+        if refused:
+            shown = row.flag if action.nargs == 0 else f"{row.flag} {value}"
+            problems.append(f"{shown}: {row.message}")
+    return problems

@@ -1,0 +1,127 @@
+"""Parallel layout: data-parallel size, pipeline stages and the flags that depend on them.
+
+    world size = TP x PP x CP x DP        (dense ranks; DP is derived, never given)
+    layers per pipeline stage = (num_layers [+1 embedding] [+1 loss]) / PP
+    virtual stages per rank = layers per stage / layers per virtual stage
+"""
+
+import argparse
+import math
+
+from megatron.core.model_parallel_config import divisors
+from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
+
+
+def legal_sizes(n: int) -> str:
+    """The divisors of n as text, "1, 2, 3, 4, 6, 12": the legal sizes when something must divide n."""
+    return ", ".join(map(str, divisors(n)))
+
+
+def _layout(args) -> str:
+    return (f"TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} "
+            f"x CP {args.context_parallel_size}")
+
+
+def describe_data_parallel_size(args) -> str:
+    """'data parallel size 2 (= world size 8 / (TP 4 x PP 1 x CP 1))', for messages."""
+    return f"data parallel size {args.data_parallel_size} (= world size {args.world_size} / ({_layout(args)}))"
+
+
+def derive_parallel_sizes(args: argparse.Namespace, problems: list) -> None:
+    """Sets data_parallel_size (None when the layout does not fit the world) and the dependent defaults."""
+    sizes = {
+        "--tensor-model-parallel-size": args.tensor_model_parallel_size,
+        "--pipeline-model-parallel-size": args.pipeline_model_parallel_size,
+        "--context-parallel-size": args.context_parallel_size,
+        "--expert-model-parallel-size": args.expert_model_parallel_size,
+    }
+    for flag, size in sizes.items():
+        if size < 1:
+            problems.append(f"{flag} {size} must be at least 1")
+    args.transformer_pipeline_model_parallel_size = args.pipeline_model_parallel_size
+    if args.expert_tensor_parallel_size is None:
+        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+
+    model_size = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    args.data_parallel_size = None
+    if min(sizes.values()) >= 1:
+        if args.world_size % model_size:
+            problems.append(f"world size {args.world_size} is not divisible by {_layout(args)} = {model_size}; "
+                            f"TP x PP x CP must be one of {legal_sizes(args.world_size)}")
+        else:
+            args.data_parallel_size = args.world_size // model_size
+            print_rank_0(f"using world size: {args.world_size}, data-parallel size: {args.data_parallel_size}, "
+                         f"context-parallel size: {args.context_parallel_size}, "
+                         f"tensor-model-parallel size: {args.tensor_model_parallel_size}, "
+                         f"pipeline-model-parallel size: {args.pipeline_model_parallel_size}")
+
+    # Megatron turns sequence parallelism off at TP = 1 so that the numerics do not change.
+    if args.tensor_model_parallel_size == 1 and args.sequence_parallel:
+        warn_rank_0("disabling --sequence-parallel because --tensor-model-parallel-size is 1")
+        args.sequence_parallel = False
+    if args.tp_comm_overlap and not args.sequence_parallel:
+        problems.append("--tp-comm-overlap needs --sequence-parallel (with --tensor-model-parallel-size > 1)")
+    if args.overlap_param_gather:
+        if not (args.use_distributed_optimizer or args.use_megatron_fsdp):
+            problems.append("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")
+        if not args.overlap_grad_reduce:
+            problems.append("--overlap-param-gather needs --overlap-grad-reduce")
+    if args.distribute_saved_activations and args.tensor_model_parallel_size == 1:
+        problems.append("--distribute-saved-activations shards over the tensor-parallel group and needs "
+                        "--tensor-model-parallel-size > 1")
+
+    hierarchical = args.hierarchical_context_parallel_sizes
+    if hierarchical and math.prod(hierarchical) != args.context_parallel_size:
+        problems.append(f"--hierarchical-context-parallel-sizes {hierarchical} multiply to "
+                        f"{math.prod(hierarchical)}, not --context-parallel-size {args.context_parallel_size}")
+    if "a2a+p2p" in args.cp_comm_type and not hierarchical:
+        problems.append("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
+
+
+def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
+    """Checks the layer split over pipeline stages and sets virtual_pipeline_model_parallel_size."""
+    pp = args.pipeline_model_parallel_size
+    args.virtual_pipeline_model_parallel_size = None
+    given = [flag for flag, value in (
+        ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
+        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
+        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout),
+    ) if value is not None]
+    if len(given) > 1:
+        problems.append(f"give at most one of {', '.join(given)}")
+        return
+
+    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
+    num_layers = args.num_layers if args.num_layers is not None else args.decoder_num_layers
+    if num_layers is not None and pp >= 1 and not uneven and args.pipeline_model_parallel_layout is None:
+        counted = num_layers + args.account_for_embedding_in_pipeline_split + args.account_for_loss_in_pipeline_split
+        extra = counted - num_layers
+        shown = f"--num-layers {num_layers}" + (f" (+{extra} for embedding/loss)" if extra else "")
+        if counted % pp:
+            problems.append(f"{shown} is not divisible by --pipeline-model-parallel-size {pp}; valid PP sizes: "
+                            f"{legal_sizes(counted)}")
+        elif args.num_layers_per_virtual_pipeline_stage is not None:
+            per_stage = counted // pp
+            if per_stage % args.num_layers_per_virtual_pipeline_stage:
+                problems.append(f"{per_stage} layers per pipeline stage (= {counted} / PP {pp}) are not divisible "
+                                f"by --num-layers-per-virtual-pipeline-stage "
+                                f"{args.num_layers_per_virtual_pipeline_stage}")
+            else:
+                args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    if args.num_layers_per_virtual_pipeline_stage is not None and uneven:
+        problems.append("with --decoder-first/last-pipeline-num-layers give the virtual stages as "
+                        "--num-virtual-stages-per-pipeline-rank")
+    if args.num_virtual_stages_per_pipeline_rank is not None:
+        args.virtual_pipeline_model_parallel_size = args.num_virtual_stages_per_pipeline_rank
+    if args.virtual_pipeline_model_parallel_size == 1:
+        args.virtual_pipeline_model_parallel_size = None
+
+    if args.virtual_pipeline_model_parallel_size is not None:
+        # Without overlap two p2p transfers would run between the same two ranks in one batch.
+        minimum = 2 if args.overlap_p2p_comm else 3
+        if pp < minimum:
+            problems.append(f"the interleaved schedule (virtual pipeline stages) needs "
+                            f"--pipeline-model-parallel-size >= {minimum}, got {pp}")
+    else:
+        args.overlap_p2p_comm = False
+        args.align_param_gather = False

@@ -1,0 +1,48 @@
+"""Features not built yet are refused by name instead of being silently ignored."""
+
+import pytest
+
+from megatron.training.arguments import build_parser
+from megatron.training.arguments.unsupported import UNSUPPORTED
+
+from .conftest import MINIMAL
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--use-distributed-optimizer"], "--use-distributed-optimizer: the distributed optimizer is not supported yet"),
+    (["--overlap-grad-reduce"], "--overlap-grad-reduce: overlapping the gradient reduction is not supported yet"),
+    (["--use-torch-fsdp2"], "--use-torch-fsdp2: FSDP is not supported yet"),
+    (["--use-megatron-fsdp"], "--use-megatron-fsdp: FSDP is not supported yet"),
+    (["--fp8-format", "e4m3"], "--fp8-format e4m3: FP8 training is not supported yet"),
+    (["--fp4-format", "e2m1"], "--fp4-format e2m1: FP4 training is not supported yet"),
+    (["--num-experts", "8"], "--num-experts 8: mixture-of-experts layers are not supported yet"),
+    (["--moe-router-topk", "4"], "--moe-router-topk 4: mixture-of-experts layers are not supported yet"),
+    (["--ckpt-format", "torch_dist"], "--ckpt-format torch_dist: only --ckpt-format torch exists so far"),
+    (["--async-save"], "--async-save: asynchronous checkpoint saving is not supported yet"),
+    (["--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine: only --transformer-impl "
+                                                   "local (pure PyTorch) exists so far"),
+    (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
+    (["--optimizer", "muon"], "--optimizer muon: is not supported yet; use adam or sgd"),
+    (["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--sequence-parallel: sequence parallelism (with TP > 1) is not supported yet"),
+])
+def test_refused_with_a_message(problems, monkeypatch, flags, expected):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert expected in problems(*MINIMAL, *flags)
+
+
+@pytest.mark.parametrize("flag", ["--pipeline-model-parallel-size", "--context-parallel-size",
+                                  "--expert-model-parallel-size", "--tensor-model-parallel-size"])
+def test_parallel_sizes_above_one(problems, monkeypatch, flag):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert f"{flag} 2: " in problems(*MINIMAL, flag, "2")
+
+
+def test_defaults_are_accepted(validated):
+    args = validated(*MINIMAL)
+    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch", "local", "adam")
+
+
+def test_every_row_names_a_real_flag():
+    known = {option for action in build_parser()._actions for option in action.option_strings}
+    assert [row.flag for row in UNSUPPORTED if row.flag not in known] == []
