@@ -404,3 +404,12 @@ def get_expert_data_parallel_world_size() -> int:
 
 def get_expert_data_parallel_rank() -> int:
     return _rank("edp")
+
+
+def collective_device():
+    """Where small tensors for collectives must live: the current CUDA device under NCCL, else the CPU."""
+    import torch
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

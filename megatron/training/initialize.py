@@ -1,0 +1,138 @@
+"""`initialize_megatron`: arguments, torch.distributed, parallel groups, seeds and run-wide objects.
+
+Works under torchrun (ranks from the environment, `env://`) and as a plain `python pretrain_gpt.py` (a
+one-process group on a free local port). The backend is NCCL on GPUs and gloo on a machine without CUDA,
+whatever `--distributed-backend` says, with a note when the request is overridden.
+"""
+
+import os
+import random
+import socket
+import sys
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.timers import Timers
+from megatron.training import global_vars
+from megatron.training.arguments import parse_args, validate_args
+from megatron.training.tokenizer import build_tokenizer
+from megatron.training.console import print_rank_0
+
+
+def initialize_megatron(
+    extra_args_provider=None,
+    args_defaults: dict | None = None,
+    ignore_unknown_args: bool = False,
+    allow_no_cuda: bool = True,
+    skip_mpu_initialization: bool = False,
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+    parsed_args=None,
+):
+    """Parses and validates the command line (unless `parsed_args`), then sets up everything a run needs."""
+    args = parsed_args
+    if args is None:
+        args = parse_args(extra_args_provider, ignore_unknown_args)
+        validate_args(args, args_defaults or {})
+    global_vars.set_args(args)
+    if skip_mpu_initialization:
+        return args
+
+    _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks)
+    set_random_seed(args.seed, args.data_parallel_random_init)
+    init_num_microbatches_calculator(
+        dist.get_rank(),
+        args.rampup_batch_size,
+        args.global_batch_size,
+        args.micro_batch_size,
+        args.data_parallel_size,
+        args.decrease_batch_size_if_needed,
+    )
+    global_vars.set_tokenizer(build_tokenizer(args))
+    global_vars.set_timers(Timers(args.timing_log_level, args.timing_log_option))
+    _set_writers(args)
+    return args
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks) -> None:
+    backend = args.distributed_backend
+    if not torch.cuda.is_available() and backend == "nccl":
+        print_rank_0("note: no CUDA device; using the gloo backend on the CPU instead of nccl")
+        backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    if not dist.is_initialized():
+        timeout = timedelta(minutes=args.distributed_timeout_minutes)
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timeout
+            )
+    if dist.get_world_size() != args.world_size:
+        raise ValueError(
+            f"torch.distributed has {dist.get_world_size()} ranks but the arguments were validated for "
+            f"{args.world_size} (WORLD_SIZE={os.environ.get('WORLD_SIZE')})"
+        )
+    args.rank = dist.get_rank()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        distributed_timeout_minutes=args.distributed_timeout_minutes,
+        order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+    )
+
+
+def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
+    """Megatron's seeding: `seed + 100 * pp_rank` (+ `10 * dp_rank`) for python, numpy, torch and the
+    tensor-parallel RNG tracker, so pipeline stages draw different weights and TP ranks agree."""
+    if seed is None or seed <= 0:
+        raise ValueError(f"--seed must be a positive integer, got {seed}")
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    if data_parallel_random_init:
+        seed = seed + 10 * parallel_state.get_data_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _set_writers(args) -> None:
+    """TensorBoard and W&B writers live on the last rank, which holds the loss (Megatron's choice)."""
+    if dist.get_rank() != dist.get_world_size() - 1:
+        return
+    if args.tensorboard_dir:
+        from torch.utils.tensorboard import SummaryWriter
+
+        global_vars.set_tensorboard_writer(
+            SummaryWriter(log_dir=args.tensorboard_dir, max_queue=args.tensorboard_queue_size)
+        )
+    if getattr(args, "wandb_project", ""):
+        try:
+            import wandb
+        except ImportError:
+            print("warning: --wandb-project is set but wandb is not installed (pip install wandb)", file=sys.stderr)
+            return
+        save_dir = args.wandb_save_dir or os.path.join(args.save or ".", "wandb")
+        os.makedirs(save_dir, exist_ok=True)
+        global_vars.set_wandb_writer(
+            wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project, config=vars(args))
+        )

@@ -1,0 +1,309 @@
+"""`pretrain()`: Megatron-LM's training loop (megatron-compat.md 6), with its classic signature.
+
+    pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func, ...)
+
+initialise -> build model, optimizer, scheduler (and resume) -> build data iterators -> train, evaluating
+every --eval-interval and saving every --save-interval -> final save -> validation and test.
+"""
+
+import dataclasses
+import inspect
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.pipeline_parallel.schedules import get_model_config
+from megatron.core.transformer.module import Float16Module
+from megatron.training.checkpointing import load_checkpoint, save_checkpoint
+from megatron.training.console import print_rank_0
+from megatron.training.data_iterators import build_train_valid_test_data_iterators
+from megatron.training.evaluation import evaluate_and_print_results
+from megatron.training.exit_conditions import ExitConditions
+from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+from megatron.training.initialize import initialize_megatron
+from megatron.training.training_log import num_floating_point_operations, training_log
+
+
+def pretrain(
+    train_valid_test_dataset_provider,
+    model_provider,
+    model_type,
+    forward_step_func,
+    process_non_loss_data_func=None,
+    extra_args_provider=None,
+    args_defaults: dict | None = None,
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+    non_loss_data_func=None,
+    parsed_args=None,
+):
+    """Trains a model from the command line's arguments; see the module docstring for the flow."""
+    start = time.time()
+    initialize_megatron(
+        extra_args_provider=extra_args_provider,
+        args_defaults=args_defaults,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        parsed_args=parsed_args,
+    )
+    args, timers = get_args(), get_timers()
+    startup = torch.tensor([time.time() - start], dtype=torch.double, device=parallel_state.collective_device())
+    dist.all_reduce(startup, op=dist.ReduceOp.MAX)
+    print_rank_0(f"time to initialize megatron (seconds): {startup.item():.3f}")
+
+    timers("model-and-optimizer-setup", log_level=0).start(barrier=True)
+    model, optimizer, opt_param_scheduler = setup_model_and_optimizer(model_provider, model_type)
+    timers("model-and-optimizer-setup").stop()
+    config = get_model_config(model[0])
+
+    timers("train/valid/test-data-iterators-setup", log_level=0).start(barrier=True)
+    train_iterator, valid_iterator, test_iterator = build_train_valid_test_data_iterators(
+        train_valid_test_dataset_provider
+    )
+    timers("train/valid/test-data-iterators-setup").stop()
+    timers.log(["model-and-optimizer-setup", "train/valid/test-data-iterators-setup"], barrier=True)
+
+    iteration = args.iteration
+    if not args.skip_train and args.do_train:
+        print_rank_0("training ...")
+        iteration, exit_code = train(
+            forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start
+        )
+        if exit_code is not None:
+            _finish_writers()
+            sys.exit(exit_code)
+        if args.save and iteration != 0 and iteration % args.save_interval != 0:
+            save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
+    if args.do_valid:
+        evaluate_and_print_results(
+            f"iteration {iteration} on validation set", forward_step_func, valid_iterator, model, iteration,
+            config, write_to_tensorboard=not args.skip_train,
+        )
+    if args.do_test:
+        evaluate_and_print_results(
+            f"iteration {iteration} on test set", forward_step_func, test_iterator, model, iteration,
+            config, write_to_tensorboard=not args.skip_train,
+        )
+    _finish_writers()
+
+
+def _finish_writers() -> None:
+    writer = get_tensorboard_writer()
+    if writer is not None:
+        writer.flush()
+    wandb_writer = get_wandb_writer()
+    if wandb_writer is not None:
+        wandb_writer.finish()
+
+
+def _config_from_args(config_class, args, **overrides):
+    """A core config dataclass filled from the argparse fields of the same names."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class) if hasattr(args, f.name)}
+    values.update(overrides)
+    return config_class(**values)
+
+
+def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:
+    """Builds this rank's model chunk(s): provider -> device -> Float16Module (fp16/bf16) -> DDP."""
+    args = get_args()
+    kwargs = {
+        "pre_process": parallel_state.is_pipeline_first_stage(),
+        "post_process": parallel_state.is_pipeline_last_stage(),
+    }
+    if "vp_stage" in inspect.signature(model_provider_func).parameters:
+        kwargs["vp_stage"] = None
+    model = model_provider_func(**kwargs)
+    model.model_type = model_type
+    parameters = sum(p.nelement() for p in model.parameters())
+    if parallel_state.get_data_parallel_rank() == 0:
+        print(
+            f" > number of parameters on (tensor, pipeline) model parallel rank "
+            f"({parallel_state.get_tensor_model_parallel_rank()}, {parallel_state.get_pipeline_model_parallel_rank()}): "
+            f"{parameters}",
+            flush=True,
+        )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    config = get_model_config(model)
+    if args.fp16 or args.bf16:
+        model = Float16Module(config, model)
+    if wrap_with_ddp:
+        ddp_config = _config_from_args(
+            DistributedDataParallelConfig,
+            args,
+            grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+            check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+            bucket_size=args.ddp_bucket_size,
+            average_in_collective=args.ddp_average_in_collective,
+        )
+        model = DistributedDataParallel(config, ddp_config, model)
+        model.broadcast_params()
+    return [model]
+
+
+def get_optimizer_param_scheduler(optimizer) -> OptimizerParamScheduler:
+    """The LR/WD scheduler, with every length converted to samples (Megatron counts samples)."""
+    args = get_args()
+    if args.train_iters:
+        if args.lr_decay_iters is None:
+            args.lr_decay_iters = args.train_iters
+        decay_steps = args.lr_decay_iters * args.global_batch_size
+        wd_incr_steps = args.train_iters * args.global_batch_size
+        wsd_decay_steps = None if args.lr_wsd_decay_iters is None else args.lr_wsd_decay_iters * args.global_batch_size
+        warmup_steps = (
+            args.lr_warmup_fraction * decay_steps
+            if args.lr_warmup_fraction is not None
+            else args.lr_warmup_iters * args.global_batch_size
+        )
+    else:
+        if args.lr_decay_samples is None:
+            args.lr_decay_samples = args.train_samples
+        decay_steps = args.lr_decay_samples
+        wd_incr_steps = args.train_samples
+        wsd_decay_steps = args.lr_wsd_decay_samples
+        warmup_steps = (
+            args.lr_warmup_fraction * decay_steps if args.lr_warmup_fraction is not None else args.lr_warmup_samples
+        )
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=args.lr_warmup_init,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.start_weight_decay,
+        end_wd=args.end_weight_decay,
+        wd_incr_steps=wd_incr_steps,
+        wd_incr_style=args.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        wsd_decay_steps=wsd_decay_steps,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
+    )
+
+
+def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=None, scale_lr_cond=None, lr_mult=1.0):
+    """Model chunks, optimizer and scheduler; resumes from --load (or --pretrained-checkpoint)."""
+    args, timers = get_args(), get_timers()
+    model = get_model(model_provider_func, model_type)
+    optimizer_config = _config_from_args(OptimizerConfig, args, timers=timers)
+    optimizer = get_megatron_optimizer(optimizer_config, model, no_wd_decay_cond, scale_lr_cond, lr_mult)
+    opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
+    if args.load is not None or args.pretrained_checkpoint is not None:
+        timers("load-checkpoint", log_level=0).start(barrier=True)
+        args.iteration, args.num_floating_point_operations_so_far = load_checkpoint(
+            model, optimizer, opt_param_scheduler
+        )
+        timers("load-checkpoint").stop(barrier=True)
+        timers.log(["load-checkpoint"])
+    else:
+        args.iteration, args.num_floating_point_operations_so_far = 0, 0
+    return model, optimizer, opt_param_scheduler
+
+
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
+    """One optimizer step over `num_microbatches` microbatches. Returns (loss dict, skipped, grad norm,
+    num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP."""
+    args = get_args()
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = get_forward_backward_func()(
+        forward_step_func=forward_step_func,
+        data_iterator=data_iterator,
+        model=model,
+        num_microbatches=get_num_microbatches(),
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        decoder_seq_length=args.decoder_seq_length,
+        forward_only=False,
+    )
+    update_successful, grad_norm, num_zeros_in_grad = optimizer.step()
+    if update_successful:
+        opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
+    return reduce_loss_reports(losses), int(not update_successful), grad_norm, num_zeros_in_grad
+
+
+def reduce_loss_reports(reports: list) -> dict:
+    """Combines the per-microbatch loss reports of the last stage.
+
+    2-element reports `[loss_sum, num_tokens]` are summed over microbatches and DP x CP ranks, giving the
+    exact global token mean; 1-element (legacy, already DP-averaged) values are averaged over microbatches.
+    """
+    if not reports or not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return {}
+    reduced = {}
+    for key in reports[0]:
+        values = [torch.as_tensor(report[key]).detach().float().view(-1) for report in reports]
+        if values[0].numel() == 2:
+            total = torch.stack(values).sum(dim=0)
+            dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+            reduced[key] = total[0] / total[1].clamp(min=1)
+        else:
+            reduced[key] = torch.cat(values).mean()
+    return reduced
+
+
+def _learning_rates(optimizer):
+    learning_rate = decoupled = None
+    for group in optimizer.param_groups:
+        if group.get("is_decoupled_lr", False):
+            decoupled = group["lr"]
+        else:
+            learning_rate = group["lr"]
+    return learning_rate, decoupled
+
+
+def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start_time=None):
+    """The loop; returns (last iteration, exit code or None when training ran to --train-iters)."""
+    args, timers = get_args(), get_timers()
+    for chunk in model:
+        chunk.train()
+    config.grad_scale_func = optimizer.scale_loss
+    config.timers = timers
+    config.no_sync_func = model[0].no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    exit_conditions = ExitConditions(args, start_time)
+
+    iteration = args.iteration
+
+    def save():
+        # Checkpoint time is not iteration time: pause the interval timer around it.
+        timers("interval-time").stop()
+        save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
+        timers("interval-time", log_level=0).start(barrier=True)
+
+    timers("interval-time", log_level=0).start(barrier=True)
+    while iteration < args.train_iters:
+        update_num_microbatches(args.consumed_train_samples, consistency_check=True)
+        loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
+            forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config
+        )
+        iteration += 1
+        batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
+        args.consumed_train_samples += batch_size
+        args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
+        learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
+        training_log(
+            loss_dict, learning_rate, iteration, float(optimizer.get_loss_scale()), skipped_iter,
+            grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
+        )
+        if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
+            timers("interval-time").stop()
+            evaluate_and_print_results(
+                f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
+            )
+            timers("interval-time", log_level=0).start(barrier=True)
+        exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
+        if exit_code is not None:
+            return iteration, exit_code
+    return iteration, None

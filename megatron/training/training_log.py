@@ -1,0 +1,188 @@
+"""The per-interval console line and TensorBoard scalars (megatron-compat.md 6.4), plus throughput.
+
+Megatron's line, field for field, with what users of torchtitan and litgpt expect added after the
+elapsed time: tokens/s per GPU, TFLOP/s per GPU, and MFU against a stated dense bf16 peak (STYLE.md 9).
+"""
+
+import math
+from datetime import datetime
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.num_microbatches_calculator import get_num_microbatches
+from megatron.training.console import print_rank_last
+from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+
+# Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
+_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
+
+
+def num_floating_point_operations(args, batch_size: int) -> float:
+    """Model FLOPs of one iteration (forward + backward) of a dense GPT, Megatron's formula:
+
+        B*s*[12*L*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]
+
+    B sequences, s tokens, L layers, h hidden, f ffn, g = 1.5 with SwiGLU (three GEMMs of f) else 1,
+    r = kv_channels*heads/h, q = query groups/heads, V padded vocab; attention counted causally (s/2h).
+    """
+    s, h, L = args.seq_length, args.hidden_size, args.num_layers
+    f = args.ffn_hidden_size
+    g = 1.5 if args.swiglu else 1.0
+    r = args.kv_channels * args.num_attention_heads / h
+    groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
+    q = groups / args.num_attention_heads
+    return batch_size * s * (
+        12 * L * h * f * g + 12 * L * h * h * r * (1 + q + s / (2 * h)) + 6 * h * args.padded_vocab_size
+    )
+
+
+def peak_tflops() -> float | None:
+    """The dense bf16 peak of this GPU, or None when unknown (then no MFU is printed)."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in _PEAK_TFLOPS.items() if key in name), None)
+
+
+class _Interval:
+    """Sums over the iterations between two log lines."""
+
+    def __init__(self):
+        self.memory_reported = False
+        self.reset()
+
+    def reset(self):
+        self.losses = {}
+        self.advanced = 0
+        self.skipped = 0
+        self.nan = 0
+
+
+_interval = _Interval()
+
+
+def training_log(
+    loss_dict: dict,
+    learning_rate: float,
+    iteration: int,
+    loss_scale: float,
+    skipped_iter: int,
+    grad_norm,
+    num_zeros_in_grad,
+    params_norm=None,
+    decoupled_learning_rate=None,
+) -> None:
+    """Accumulates this iteration and, every `--log-interval` iterations, prints the console line."""
+    args, timers = get_args(), get_timers()
+    writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
+    interval = _interval
+
+    if skipped_iter:
+        interval.skipped += 1
+        interval.nan += int(any(not math.isfinite(float(v)) for v in loss_dict.values()))
+    else:
+        interval.advanced += 1
+        for key, value in loss_dict.items():
+            interval.losses[key] = interval.losses.get(key, 0.0) + value.detach()
+
+    batch_size = args.micro_batch_size * args.data_parallel_size * get_num_microbatches()
+    if writer is not None and iteration % args.tensorboard_log_interval == 0:
+        samples = args.consumed_train_samples
+        scalars = {"batch-size": batch_size}
+        if args.log_learning_rate_to_tensorboard:
+            scalars["learning-rate"] = learning_rate
+        if args.log_loss_scale_to_tensorboard:
+            scalars["loss-scale"] = loss_scale
+        scalars.update({key: float(value) for key, value in loss_dict.items()})
+        if grad_norm is not None:
+            scalars["grad-norm"] = float(grad_norm)
+        if num_zeros_in_grad is not None:
+            scalars["num-zeros"] = float(num_zeros_in_grad)
+        if params_norm is not None:
+            scalars["params-norm"] = float(params_norm)
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, iteration)
+            writer.add_scalar(tag + " vs samples", value, samples)
+        if args.log_world_size_to_tensorboard:
+            writer.add_scalar("world-size", args.world_size, iteration)
+        if wandb_writer is not None:
+            wandb_writer.log(scalars, iteration)
+
+    if iteration % args.log_interval != 0:
+        return
+
+    iterations = interval.advanced + interval.skipped
+    elapsed = timers("interval-time").elapsed(barrier=True)
+    seconds_per_iteration = elapsed / max(iterations, 1)
+    tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
+    tflops_per_gpu = num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12 / args.world_size
+    if writer is not None:
+        if args.log_timers_to_tensorboard:
+            writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
+        writer.add_scalar("throughput", tflops_per_gpu, iteration)
+        writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
+
+    fields = [
+        f"iteration {iteration:8d}/{args.train_iters:8d}",
+        f"consumed samples: {args.consumed_train_samples:12d}",
+        f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
+        f"tokens/s/GPU: {tokens_per_gpu:.0f}",
+        f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
+    ]
+    peak = peak_tflops()
+    if peak is not None:
+        fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
+    remaining = (args.train_iters - iteration) * seconds_per_iteration
+    fields.append(f"time remaining: {_format_duration(remaining)}")
+    fields.append(f"learning rate: {learning_rate:.6E}")
+    if decoupled_learning_rate is not None:
+        fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
+    fields.append(f"global batch size: {batch_size:5d}")
+    for key, total in interval.losses.items():
+        average = float(total) / max(interval.advanced, 1)
+        if average > 0.0:
+            fields.append(f"{key}: {average:.6E}")
+    fields.append(f"loss scale: {loss_scale:.1f}")
+    if grad_norm is not None:
+        fields.append(f"grad norm: {float(grad_norm):.3f}")
+    if num_zeros_in_grad is not None:
+        fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
+    if params_norm is not None:
+        fields.append(f"params norm: {float(params_norm):.3f}")
+    fields.append(f"number of skipped iterations: {interval.skipped:3d}")
+    fields.append(f"number of nan iterations: {interval.nan:3d}")
+    timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+    print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
+    interval.reset()
+
+    if torch.cuda.is_available() and not interval.memory_reported:
+        interval.memory_reported = True
+        _report_memory(iteration)
+    timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
+
+
+_TIMERS_TO_LOG = [
+    "forward-backward",
+    "forward-compute",
+    "backward-compute",
+    "batch-generator",
+    "optimizer",
+]
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _report_memory(iteration: int) -> None:
+    mb = 1024 * 1024
+    if parallel_state.get_data_parallel_rank() != 0:
+        return
+    print(
+        f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
+        f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
+        f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
+        flush=True,
+    )
