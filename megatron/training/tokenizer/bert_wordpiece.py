@@ -9,7 +9,7 @@ split off as punctuation) and serve as ids for the BERT/T5 datasets.
 """
 
 from megatron.training.tokenizer.bert_basic_splitter import BertBasicSplitter
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
 
 # Google's `WordpieceTokenizer` default; `transformers` uses 100.
 MAX_INPUT_CHARS_PER_WORD = 200
@@ -40,7 +40,7 @@ def _clean_up_tokenization(text: str) -> str:
     return text
 
 
-class BertWordPieceTokenizer(MegatronTokenizer):
+class BertWordPieceTokenizer(DictVocabTokenizer):
     """BERT WordPiece with Megatron-LM's extra tokens; `lower_case` selects the LowerCase/Case variant."""
 
     megatron_class_name = "_BertWordPieceTokenizer"
@@ -109,18 +109,6 @@ class BertWordPieceTokenizer(MegatronTokenizer):
         except KeyError as error:
             raise ValueError(f"{type(self).__name__}: id {error.args[0]} is not in the vocabulary") from None
         return _clean_up_tokenization(" ".join(tokens).replace(" ##", "").strip())
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._vocab)
-
-    @property
-    def vocab(self) -> dict[str, int]:
-        return self._vocab
-
-    @property
-    def inv_vocab(self) -> dict[int, str]:
-        return self._inv_vocab
 
     @property
     def cls(self) -> int:

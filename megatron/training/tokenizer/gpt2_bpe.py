@@ -17,7 +17,7 @@ import json
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -60,7 +60,7 @@ def read_merges_txt(merge_file: str) -> list[tuple[str, str]]:
     return merges
 
 
-class GPT2BPETokenizer(MegatronTokenizer):
+class GPT2BPETokenizer(DictVocabTokenizer):
     """GPT-2 byte-level BPE; ids identical to OpenAI's and Megatron-LM's Python implementation."""
 
     megatron_class_name = "_GPT2BPETokenizer"
@@ -98,18 +98,6 @@ class GPT2BPETokenizer(MegatronTokenizer):
         if unknown:
             raise ValueError(f"GPT2BPETokenizer: ids {unknown[:5]} are outside the vocabulary of {self.vocab_size}")
         return self._tokenizer.decode(ids, skip_special_tokens=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._vocab)
-
-    @property
-    def vocab(self) -> dict[str, int]:
-        return self._vocab
-
-    @property
-    def inv_vocab(self) -> dict[int, str]:
-        return self._inv_vocab
 
     @property
     def eod(self) -> int:

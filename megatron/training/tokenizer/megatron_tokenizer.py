@@ -105,3 +105,22 @@ class MegatronTokenizer(ABC):
     def additional_special_tokens_ids(self) -> list[int]:
         """Ids of the T5 sentinels `<extra_id_0>`, `<extra_id_1>`, ..."""
         self._missing("additional_special_tokens_ids")
+
+
+class DictVocabTokenizer(MegatronTokenizer):
+    """A tokenizer whose whole vocabulary is held as Python dicts `_vocab` (token -> id) and `_inv_vocab`."""
+
+    _vocab: dict
+    _inv_vocab: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    @property
+    def vocab(self) -> dict:
+        return self._vocab
+
+    @property
+    def inv_vocab(self) -> dict:
+        return self._inv_vocab

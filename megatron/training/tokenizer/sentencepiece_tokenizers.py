@@ -8,11 +8,11 @@
 The `sentencepiece` package is imported only when one of them is built.
 """
 
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
 from megatron.training.tokenizer.optional_import import import_optional
 
 
-class _SentencePieceModel(MegatronTokenizer):
+class _SentencePieceModel(DictVocabTokenizer):
     """Loads the model and exposes its pieces as the vocabulary."""
 
     def __init__(self, model_file: str, **options):
@@ -30,18 +30,6 @@ class _SentencePieceModel(MegatronTokenizer):
         if token_id < 0:
             self._missing(name, " (the SentencePiece model defines none)")
         return token_id
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._vocab)
-
-    @property
-    def vocab(self) -> dict[str, int]:
-        return self._vocab
-
-    @property
-    def inv_vocab(self) -> dict[int, str]:
-        return self._inv_vocab
 
 
 class SentencePieceTokenizer(_SentencePieceModel):

@@ -17,7 +17,7 @@ import base64
 import json
 from pathlib import Path
 
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
 from megatron.training.tokenizer.optional_import import import_optional
 
 # Megatron-LM's pre-split patterns, verbatim. v1 keeps each digit apart; v2 also splits camelCase words.
@@ -56,8 +56,11 @@ def read_rank_file(path: str, max_ranks: int) -> dict[bytes, int]:
     return ranks
 
 
-class TikTokenizer(MegatronTokenizer):
-    """tiktoken BPE with Megatron's special-token block in front of the BPE ranks."""
+class TikTokenizer(DictVocabTokenizer):
+    """tiktoken BPE with Megatron's special-token block in front of the BPE ranks.
+
+    `vocab` maps BPE tokens as `bytes` and special tokens as `str` (as Megatron's).
+    """
 
     megatron_class_name = "CustomTikTokenizer"
 
@@ -77,19 +80,19 @@ class TikTokenizer(MegatronTokenizer):
             special_tokens=special_tokens,
         )
         tiktoken = import_optional("tiktoken", "TikTokenizer")
-        self._vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+        vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
         given = list(REQUIRED_SPECIAL_TOKENS if special_tokens is None else special_tokens)
         specials = self._with_fillers(given, num_special_tokens)
-        inner_size = self._vocab_size - num_special_tokens
+        inner_size = vocab_size - num_special_tokens
         if inner_size < 1:
             raise ValueError(
-                f"--vocab-size {self._vocab_size} leaves no room for BPE tokens after "
+                f"--vocab-size {vocab_size} leaves no room for BPE tokens after "
                 f"--tiktoken-num-special-tokens {num_special_tokens}"
             )
         ranks = read_rank_file(path, inner_size)
         if len(ranks) < inner_size:
             raise ValueError(
-                f"--vocab-size {self._vocab_size} with --tiktoken-num-special-tokens {num_special_tokens} needs "
+                f"--vocab-size {vocab_size} with --tiktoken-num-special-tokens {num_special_tokens} needs "
                 f"{inner_size} BPE ranks, but {path!r} has {len(ranks)}; pass --vocab-size "
                 f"{len(ranks) + num_special_tokens} or less"
             )
@@ -133,19 +136,6 @@ class TikTokenizer(MegatronTokenizer):
     def detokenize(self, ids) -> str:
         """Concatenated token bytes decoded as UTF-8 (invalid bytes -> U+FFFD); specials by their names."""
         return self._model.decode([int(token_id) for token_id in ids])
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def vocab(self) -> dict:
-        """Token -> id; BPE tokens are `bytes`, special tokens `str` (as Megatron)."""
-        return self._vocab
-
-    @property
-    def inv_vocab(self) -> dict:
-        return self._inv_vocab
 
     def _special(self, name: str, token: str) -> int:
         if token not in self._specials:
