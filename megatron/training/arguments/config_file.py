@@ -51,10 +51,12 @@ def _is_switch(action: argparse.Action) -> bool:
 
 def _convert_scalar(action: argparse.Action, value):
     """Types one YAML value like the command line would: through the flag's `type`, then its choices."""
-    if action.type is not None and not isinstance(value, bool):
-        value = action.type(value if isinstance(value, str) else str(value))
-    elif action.type is None and not isinstance(value, str):
+    if isinstance(value, bool):
+        raise ValueError("expects a value, not true/false (only on/off flags take booleans)")
+    if not isinstance(value, str):
         value = str(value)
+    if action.type is not None:
+        value = action.type(value)
     if action.choices is not None and value not in action.choices:
         raise ValueError(f"{value!r} is not one of {list(action.choices)}")
     return value

@@ -7,6 +7,7 @@
 
 import argparse
 
+from megatron.training.arguments.reporting import warn_rank_0
 from megatron.training.arguments.validate_parallel import legal_sizes
 
 
@@ -62,6 +63,9 @@ def _check_tensor_parallel_split(args, problems) -> None:
     if heads % tp:
         problems.append(f"--num-attention-heads {heads} must be divisible by --tensor-model-parallel-size {tp}; "
                         f"valid TP sizes: {legal_sizes(heads)}")
+    if not args.group_query_attention and args.num_query_groups != 1:
+        warn_rank_0(f"--num-query-groups {args.num_query_groups} is ignored without --group-query-attention "
+                    f"(Megatron's rule): every head gets its own key/value head")
     if args.group_query_attention:
         groups = args.num_query_groups
         if groups < 1 or heads % groups:
@@ -91,7 +95,7 @@ def _derive_sequence_lengths(args, problems) -> None:
     if cp > 1 and args.seq_length % (2 * cp):
         problems.append(f"--seq-length {args.seq_length} must be divisible by 2 x --context-parallel-size {cp} "
                         f"= {2 * cp} (each CP rank holds two chunks)")
-    if args.sequence_parallel and args.seq_length % tp:
+    if args.sequence_parallel and tp >= 1 and args.seq_length % tp:
         problems.append(f"--seq-length {args.seq_length} must be divisible by --tensor-model-parallel-size {tp} "
                         f"with --sequence-parallel")
     max_positions = args.max_position_embeddings

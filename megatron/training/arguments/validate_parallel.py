@@ -90,6 +90,11 @@ def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
     if len(given) > 1:
         problems.append(f"give at most one of {', '.join(given)}")
         return
+    for flag, value in (("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
+                        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank)):
+        if value is not None and value < 1:
+            problems.append(f"{flag} {value} must be positive")
+            return
 
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
     num_layers = args.num_layers if args.num_layers is not None else args.decoder_num_layers

@@ -61,7 +61,9 @@ def _check_rampup(args, per_microbatch: int, problems: list) -> None:
         problems.append(f"--rampup-batch-size: --global-batch-size {gbs} - start {start} = {gbs - start} must be "
                         f"a non-negative multiple of the increment {increment}")
     if not args.decrease_batch_size_if_needed:
-        for name, value in (("start", start), ("increment", increment)):
+        # Step 0 is `start`, step 1 is `start + increment`: both multiples iff each one is.
+        steps = (("start", start), ("increment", increment)) if start < gbs else (("start", start),)
+        for name, value in steps:
             if value % per_microbatch:
                 problems.append(f"--rampup-batch-size {name} {value} is not a multiple of micro batch size "
                                 f"{args.micro_batch_size} x {describe_data_parallel_size(args)}")

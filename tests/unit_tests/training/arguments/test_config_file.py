@@ -82,6 +82,7 @@ def test_unknown_key_names_the_key_the_file_and_the_closest_flag(tmp_path):
     ("normalization: BatchNorm\n", "'BatchNorm' is not one of ['LayerNorm', 'RMSNorm']"),
     ("fp16: yes please\n", "key 'fp16' (flag --fp16): expects true or false"),
     ("hidden-size: [1, 2]\n", "expects a single value, not a list"),
+    ("hidden-size: true\n", "expects a value, not true/false"),
     ("hidden-size: 1\nhidden_size: 2\n", "key 'hidden_size' sets hidden_size a second time"),
     ("- hidden-size\n", "expected a mapping of flag names to values, got list"),
 ])

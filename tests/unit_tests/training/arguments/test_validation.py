@@ -41,9 +41,10 @@ def test_swiglu_ffn_rule(validated, hidden, heads, expected_ffn):
     assert args.kv_channels == hidden // heads
 
 
-def test_other_derived_values(validated):
+def test_other_derived_values(validated, capsys):
     args = validated(*flags_without("--seq-length", "--num-layers"), "--encoder-seq-length", "32",
                      "--encoder-num-layers", "2", "--num-query-groups", "2")
+    assert "--num-query-groups 2 is ignored without --group-query-attention" in capsys.readouterr().err
     assert (args.seq_length, args.encoder_seq_length) == (32, 32)
     assert (args.num_layers, args.encoder_num_layers) == (2, 2)
     assert args.ffn_hidden_size == 256 and args.kv_channels == 16
