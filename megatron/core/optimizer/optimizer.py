@@ -143,9 +143,10 @@ class MegatronOptimizer(ABC):
         if self.prepare_grads():
             return False, None, None
         with self._timed("optimizer-clip-main-grad"):
-            grad_norm = self.get_grad_norm()
             if self.config.clip_grad > 0.0:
-                clip_grad_by_total_norm_fp32(self.get_parameters(), self.config.clip_grad, grad_norm)
+                grad_norm = self.clip_grad_norm(self.config.clip_grad)
+            else:
+                grad_norm = self.get_grad_norm()
         with self._timed("optimizer-count-zeros"):
             num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
         update_successful = self.step_with_ready_grads()
@@ -350,6 +351,8 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
             torch._foreach_copy_(main_params, model_params)
 
     def state_dict(self) -> dict:
+        """Inner optimizer state, grad scaler state and the fp32 main params (the live tensors, not copies:
+        serialise the dict before the next step)."""
         state_dict = {"optimizer": self.optimizer.state_dict(), "fp32_from_fp16_params": self.fp32_from_float16_groups}
         if self.grad_scaler is not None:
             state_dict["grad_scaler"] = self.grad_scaler.state_dict()

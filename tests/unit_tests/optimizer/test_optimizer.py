@@ -50,11 +50,10 @@ def test_weight_decay_skips_biases_and_1d_params():
     groups = {group["wd_mult"]: sorted(names[id(p)] for p in group["params"]) for group in optimizer.param_groups}
     assert groups == {1.0: ["embedding.weight", "linear.weight"], 0.0: ["linear.bias", "norm.bias", "norm.weight"]}
 
-    scheduler = OptimizerParamScheduler(
+    OptimizerParamScheduler(  # writes weight_decay = 0.5 * wd_mult into each group
         optimizer, init_lr=0.0, max_lr=0.1, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=10,
         lr_decay_style="constant", start_wd=0.5, end_wd=0.5, wd_incr_steps=10, wd_incr_style="constant",
     )
-    assert scheduler is not None
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
