@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.core.tensor_parallel.mappings import all_gather_single
 
 
 def _vocab_start_and_size(local_vocab: int, device, group, world_size: int):
@@ -21,7 +22,7 @@ def _vocab_start_and_size(local_vocab: int, device, group, world_size: int):
     if world_size == 1:
         return torch.zeros((), dtype=torch.long, device=device), local_vocab
     sizes = torch.empty(world_size, dtype=torch.long, device=device)
-    dist.all_gather_into_tensor(sizes, torch.tensor([local_vocab], dtype=torch.long, device=device), group=group)
+    all_gather_single(sizes, torch.tensor([local_vocab], dtype=torch.long, device=device), group=group)
     rank = dist.get_rank(group)
     return sizes[:rank].sum(), int(sizes.sum())
 

@@ -52,9 +52,14 @@ def copy_tensor_model_parallel_attributes(destination: torch.Tensor, source: tor
             setattr(destination, name, getattr(source, name))
 
 
-def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
-    """True if this rank should count `param` (TP-split, or replicated and this is TP rank 0)."""
-    return getattr(param, "tensor_model_parallel", False) or parallel_state.get_tensor_model_parallel_rank() == 0
+def param_is_not_tensor_parallel_duplicate(param: torch.Tensor, tensor_parallel_rank: int | None = None) -> bool:
+    """True if this rank should count `param`: TP shards always, replicated params on TP rank 0
+    (`tensor_parallel_rank` defaults to this rank's TP rank; expert params pass their expert-TP rank)."""
+    if getattr(param, "tensor_model_parallel", False):
+        return True
+    if tensor_parallel_rank is None:
+        tensor_parallel_rank = parallel_state.get_tensor_model_parallel_rank()
+    return tensor_parallel_rank == 0
 
 
 def parameter_device(config: ModelParallelConfig) -> torch.device:

@@ -21,6 +21,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.partition import partition_range
 
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names warn).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _tp_group_and_size(group):
     if group is None:
@@ -58,10 +62,10 @@ def _gather_along_last_dim(input_: torch.Tensor, full_size: int | None = None, g
     chunk = local if full_size is None else -(-full_size // world_size)
     if local < chunk:
         input_ = torch.nn.functional.pad(input_, (0, chunk - local))
-    input_ = input_.contiguous()
-    # all_gather_into_tensor concatenates along dim 0: gather [p * rows, chunk], then move p next to chunk.
-    gathered = torch.empty((world_size,) + input_.shape, dtype=input_.dtype, device=input_.device)
-    dist.all_gather_into_tensor(gathered, input_, group=group)
+    # The collective concatenates flat buffers: [p * numel] -> [p, ..., chunk] -> [..., p, chunk].
+    gathered = torch.empty(world_size * input_.numel(), dtype=input_.dtype, device=input_.device)
+    all_gather_single(gathered, input_.contiguous().view(-1), group=group)
+    gathered = gathered.view((world_size,) + input_.shape)
     output = gathered.movedim(0, -2).reshape(input_.shape[:-1] + (world_size * chunk,))
     return output if full_size is None else output[..., :full_size].contiguous()
 
@@ -89,7 +93,7 @@ def _gather_along_first_dim(input_: torch.Tensor, group=None) -> torch.Tensor:
     if world_size == 1:
         return input_
     output = torch.empty((world_size * input_.size(0),) + input_.shape[1:], dtype=input_.dtype, device=input_.device)
-    dist.all_gather_into_tensor(output, input_.contiguous(), group=group)
+    all_gather_single(output, input_.contiguous(), group=group)
     return output
 
 
@@ -101,7 +105,7 @@ def _reduce_scatter_along_first_dim(input_: torch.Tensor, group=None) -> torch.T
     output = torch.empty(
         (input_.size(0) // world_size,) + input_.shape[1:], dtype=input_.dtype, device=input_.device
     )
-    dist.reduce_scatter_tensor(output, input_.contiguous(), group=group)
+    reduce_scatter_single(output, input_.contiguous(), group=group)
     return output
 
 
