@@ -19,7 +19,8 @@ class DistributedDataParallelConfig:
     """Overlap the parameter all-gather with the forward pass (`--overlap-param-gather`): not supported yet."""
 
     align_param_gather: bool = False
-    """Launch the parameter all-gathers of all pipeline stages together (needs `overlap_param_gather`)."""
+    """Launch the parameter all-gathers of all pipeline stages together; only acts with
+    `overlap_param_gather`, so on its own (the training layer sets it under virtual pipelining) it is a no-op."""
 
     use_distributed_optimizer: bool = False
     """Reduce-scatter gradients for a sharded optimizer (`--use-distributed-optimizer`): not supported yet."""
@@ -49,7 +50,6 @@ class DistributedDataParallelConfig:
         unsupported = [
             ("overlap_grad_reduce", "--overlap-grad-reduce"),
             ("overlap_param_gather", "--overlap-param-gather"),
-            ("align_param_gather", "--align-param-gather"),
             ("use_distributed_optimizer", "--use-distributed-optimizer"),
             ("check_for_large_grads", "--check-for-large-grads"),
             ("fp8_param_gather", "--fp8-param-gather"),

@@ -122,24 +122,27 @@ class _ParamAndGradBuffer:
         """Zeros the gradients (start of an iteration)."""
         self.grad_data.zero_()
 
-    def _check_bucket_is_finite(self, bucket: _ParamAndGradBucket) -> None:
-        norm = bucket.grad_data.norm(p=2)
-        if not torch.isfinite(norm):
-            names = ", ".join(self.param_to_name[param] for param in bucket.params_list)
-            raise RuntimeError(
-                f"rank {dist.get_rank()}: found {norm.item()} in the local gradient norm of bucket "
-                f"{bucket.bucket_id} ({names}) in the backward pass, before the data-parallel all-reduce"
-            )
+    def _check_grads_are_finite(self) -> None:
+        # One stacked check per buffer, so the host waits for the device once, not once per bucket.
+        norms = torch.stack([bucket.grad_data.norm(p=2) for bucket in self.buckets])
+        if torch.isfinite(norms).all():
+            return
+        bad = next(bucket for bucket, norm in zip(self.buckets, norms) if not torch.isfinite(norm))
+        names = ", ".join(self.param_to_name[param] for param in bad.params_list)
+        raise RuntimeError(
+            f"rank {dist.get_rank()}: found {norms[bad.bucket_id].item()} in the local gradient norm of bucket "
+            f"{bad.bucket_id} ({names}) in the backward pass, before the data-parallel all-reduce"
+        )
 
     def all_reduce_gradients(self) -> None:
         """Scales and all-reduces every bucket over the data-parallel group (synchronously)."""
+        if self.ddp_config.check_for_nan_in_grad:
+            self._check_grads_are_finite()
         average = self.ddp_config.average_in_collective
         # gloo has no ReduceOp.AVG: sum, then divide by the group size, which is the same mean.
         emulate_average = average and dist.get_backend(self.data_parallel_group) == "gloo"
         op = dist.ReduceOp.AVG if average and not emulate_average else dist.ReduceOp.SUM
         for bucket in self.buckets:
-            if self.ddp_config.check_for_nan_in_grad:
-                self._check_bucket_is_finite(bucket)
             if bucket.gradient_scaling_factor != 1.0:
                 bucket.grad_data *= bucket.gradient_scaling_factor
             dist.all_reduce(bucket.grad_data, op=op, group=self.data_parallel_group)

@@ -108,6 +108,7 @@ def test_state_dict_is_the_bare_module_and_bad_configs_fail(single_rank_groups):
                                 DistributedDataParallelConfig(average_in_collective=True), MLP())
     with pytest.raises(ValueError, match="overlap_grad_reduce .--overlap-grad-reduce. is not supported yet"):
         DistributedDataParallelConfig(overlap_grad_reduce=True)
+    DistributedDataParallelConfig(align_param_gather=True)  # only acts with overlap_param_gather: accepted
 
 
 def _gather(tensor):
