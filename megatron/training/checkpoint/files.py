@@ -1,0 +1,78 @@
+"""Crash-safe checkpoint files: a file only ever appears under its final name complete.
+
+Each write goes to a temporary file in the same directory, is flushed to disk, then renamed over the final
+name (`os.replace` is atomic within one file system). A crash mid-write leaves at most a stray
+`.<name>.*.tmp` file, never a truncated `model_optim_rng.pt` or tracker.
+"""
+
+import os
+import pickle
+import tempfile
+import zipfile
+
+import torch
+
+
+def _write_atomically(filename, write) -> None:
+    """Runs `write(file object)` on a temporary file next to `filename`, then renames it to `filename`."""
+    directory, basename = os.path.split(os.path.abspath(filename))
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{basename}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, filename)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    # The rename itself must reach the disk before the tracker can name this file.
+    directory_descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(directory_descriptor)
+    finally:
+        os.close(directory_descriptor)
+
+
+def save_atomically(obj, filename) -> None:
+    """`torch.save(obj, filename)`, crash-safe."""
+    _write_atomically(filename, lambda file: torch.save(obj, file))
+
+
+def write_text_atomically(text: str, filename) -> None:
+    """Writes `text` to `filename`, crash-safe."""
+    _write_atomically(filename, lambda file: file.write(text.encode()))
+
+
+def load_checkpoint_file(filename):
+    """`torch.load` of a checkpoint file onto the CPU, with an error naming the file when it is missing,
+    truncated, or needs code that is not installed.
+
+    Checkpoints hold the pickled argparse Namespace (Megatron's format), so they are unpickled in full
+    (`weights_only=False`): load only checkpoints you trust.
+    """
+    if not os.path.isfile(filename):
+        directory = os.path.dirname(os.path.dirname(filename))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"checkpoint file {filename} does not exist (nor does {directory})")
+        raise FileNotFoundError(
+            f"checkpoint file {filename} does not exist; {directory} holds "
+            f"{', '.join(sorted(os.listdir(directory))) or 'nothing'}. Other mp_rank_* directories mean the "
+            "checkpoint was written with another tensor/pipeline/expert-parallel layout"
+        )
+    try:
+        return torch.load(filename, map_location="cpu", weights_only=False)
+    except PermissionError:
+        raise
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        # A cut-off zip archive surfaces as OSError (EINVAL) or RuntimeError, depending on where it ends.
+        raise ValueError(
+            f"checkpoint file {filename} ({os.path.getsize(filename)} bytes) is corrupt or truncated and cannot "
+            f"be read ({error}); load an earlier iteration with --ckpt-step"
+        ) from error
+    except (ModuleNotFoundError, AttributeError) as error:
+        raise ValueError(
+            f"checkpoint file {filename} refers to code that is not available here ({error}); it was probably "
+            "written by another version of Megatron-LM"
+        ) from error

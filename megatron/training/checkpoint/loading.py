@@ -1,0 +1,129 @@
+"""`load_checkpoint`: resume (or start a fine-tune) from a torch-format checkpoint (reference 8.2).
+
+What is restored:
+
+    resume                        model, optimizer, scheduler, RNG, iteration, consumed-sample counters
+    --no-load-optim / --no-load-rng  the same without optimizer+scheduler / RNG
+    release checkpoint            model only, iteration 0; counters restored
+    --finetune (or --pretrained-checkpoint when --load has none)
+                                  model only, iteration 0, counters left at 0
+"""
+
+import torch.distributed as dist
+
+from megatron.core.num_microbatches_calculator import update_num_microbatches
+from megatron.training.checkpoint.checkpoint_args import check_checkpoint_args
+from megatron.training.checkpoint.layout import checkpoint_exists, model_parallel_position, require_torch_format
+from megatron.training.checkpoint.reading import load_base_checkpoint
+from megatron.training.checkpoint.rng import set_rng_state
+from megatron.training.checkpoint.state_dict import load_model_state
+from megatron.training.console import print_rank_0
+from megatron.training.global_vars import get_args
+
+# Checkpoints before 2.0 stored the fused QKV rows as [3, np, hn] (version 0) or [np, hn, 3] (1.0) instead of
+# Megatron-Core's per-head interleaving.
+_OLDEST_SUPPORTED_VERSION = 2.0
+
+
+def _resume_directory(args, load_arg: str):
+    """`args.<load_arg>`, or --pretrained-checkpoint when that holds no checkpoint (then a fine-tune)."""
+    load_dir = getattr(args, load_arg)
+    pretrained_dir = getattr(args, "pretrained_checkpoint", None)
+    if pretrained_dir is None or checkpoint_exists(load_dir):
+        return load_dir
+    print_rank_0(
+        f"Checkpoint file not found in load directory {load_dir} attempting to finetune with checkpoint in "
+        f"{pretrained_dir}"
+    )
+    if not checkpoint_exists(pretrained_dir):
+        raise FileNotFoundError(
+            f"no checkpoint in the load directory ({load_dir}) nor in --pretrained-checkpoint {pretrained_dir}: "
+            "neither holds latest_checkpointed_iteration.txt"
+        )
+    args.finetune = True
+    return pretrained_dir
+
+
+def _iteration(state_dict: dict, checkpoint_name: str) -> int:
+    for key in ("iteration", "total_iters"):  # `total_iters` in very old checkpoints
+        if key in state_dict:
+            return state_dict[key]
+    raise ValueError(f"checkpoint {checkpoint_name} records no iteration ('iteration' key)")
+
+
+def _restore_counters(args, state_dict: dict, iteration: int) -> None:
+    """Consumed/skipped sample counters from the checkpoint's args (the data sampler resumes from them).
+
+    Checkpoints that predate the counters consumed `iteration x global batch size` training samples.
+    """
+    checkpoint_args = state_dict.get("args")
+    if checkpoint_args is None:
+        print_rank_0("could not find arguments in the checkpoint ...")
+    args.consumed_train_samples = getattr(checkpoint_args, "consumed_train_samples", iteration * args.global_batch_size)
+    args.skipped_train_samples = getattr(checkpoint_args, "skipped_train_samples", 0)
+    args.consumed_valid_samples = getattr(checkpoint_args, "consumed_valid_samples", 0)
+    update_num_microbatches(args.consumed_train_samples, consistency_check=False, verbose=True)
+
+
+def _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict: dict, checkpoint_name: str) -> None:
+    scheduler_key = "lr_scheduler" if "lr_scheduler" in state_dict else "opt_param_scheduler"  # older name first
+    missing = [name for name, wanted in (("optimizer", optimizer), (scheduler_key, opt_param_scheduler))
+               if wanted is not None and name not in state_dict]
+    if missing:
+        raise ValueError(
+            f"checkpoint {checkpoint_name} has no {' or '.join(missing)} state (was it saved with --no-save-optim?); "
+            "pass --no-load-optim or --finetune to start the optimizer afresh"
+        )
+    if optimizer is not None:
+        optimizer.load_state_dict(state_dict["optimizer"])
+    if opt_param_scheduler is not None:
+        # The scheduler applies --override-opt-param-scheduler / --use-checkpoint-opt-param-scheduler itself.
+        opt_param_scheduler.load_state_dict(state_dict[scheduler_key])
+
+
+def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", strict=True, checkpointing_context=None,
+                    args=None):
+    """Loads the checkpoint under `args.<load_arg>` into `model` (a module or list of chunks), `optimizer`
+    and `opt_param_scheduler`; returns (iteration, num_floating_point_operations_so_far).
+
+    Collective: every rank calls it. Returns (0, 0) with a note when there is no checkpoint (raises with
+    --exit-on-missing-checkpoint). `checkpointing_context` is accepted for Megatron's signature (a
+    torch-format load keeps none); `args` defaults to `get_args()`.
+    """
+    args = args if args is not None else get_args()
+    require_torch_format(args)
+    load_dir = _resume_directory(args, load_arg)
+    state_dict, checkpoint_name, release = load_base_checkpoint(load_dir, args)
+    if state_dict is None:
+        return 0, 0
+
+    checkpoint_version = state_dict.get("checkpoint_version", 0)
+    if checkpoint_version < _OLDEST_SUPPORTED_VERSION:
+        raise ValueError(
+            f"checkpoint {checkpoint_name} has checkpoint_version {checkpoint_version}: the QKV layout of "
+            f"versions below {_OLDEST_SUPPORTED_VERSION} is not supported; re-save it with a Megatron-LM "
+            "release that converts it"
+        )
+    iteration = 0 if args.finetune or release else _iteration(state_dict, checkpoint_name)
+    num_floating_point_operations_so_far = state_dict.get("num_floating_point_operations_so_far", 0)
+    if not args.finetune:
+        if "args" in state_dict:
+            check_checkpoint_args(state_dict["args"], args, checkpoint_version, checkpoint_name)
+        _restore_counters(args, state_dict, iteration)
+
+    load_model_state(model, state_dict, strict, checkpoint_name)
+    print_rank_0(f" checkpoint version {checkpoint_version}")
+
+    if not (release or args.finetune or args.no_load_optim):
+        _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict, checkpoint_name)
+    elif optimizer is not None and (args.fp16 or args.bf16):
+        # The fp32 main params still hold the initial weights: take them from the loaded model.
+        optimizer.reload_model_params()
+
+    if not (release or args.finetune or args.no_load_rng):
+        set_rng_state(state_dict, args.data_parallel_random_init, checkpoint_name)
+
+    if dist.is_initialized():
+        dist.barrier()
+    print_rank_0(f"  successfully loaded checkpoint from {load_dir} {model_parallel_position()} at iteration {iteration}")
+    return iteration, num_floating_point_operations_so_far

@@ -1,0 +1,92 @@
+"""`save_checkpoint`: one torch-format file per model-parallel rank, then the tracker.
+
+    1. every rank reads its RNG state (gathered over DP with --data-parallel-random-init)
+    2. data-parallel rank 0 of each model-parallel group writes iter_N/mp_rank_../model_optim_rng.pt
+    3. barrier: all files are complete
+    4. global rank 0 writes latest_checkpointed_iteration.txt
+    5. barrier: nobody goes on before the checkpoint is "latest"
+
+Each file is written under a temporary name and renamed (files.py), so a crash at any point leaves the
+previous checkpoint as "latest" and never a half-written file under a final name.
+"""
+
+from datetime import datetime
+
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.training.checkpoint.files import save_atomically, write_text_atomically
+from megatron.training.checkpoint.layout import (
+    ensure_directory_exists,
+    get_checkpoint_name,
+    get_checkpoint_tracker_filename,
+    model_parallel_position,
+    require_torch_format,
+)
+from megatron.training.checkpoint.rng import get_rng_state
+from megatron.training.checkpoint.state_dict import generate_state_dict
+from megatron.training.console import print_rank_0
+from megatron.training.global_vars import get_args
+
+
+def _timestamp() -> str:
+    return datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    iteration,
+    model,
+    optimizer,
+    opt_param_scheduler,
+    num_floating_point_operations_so_far,
+    checkpointing_context=None,
+    pipeline_rank=None,
+    expert_rank=None,
+    tensor_rank=None,
+    pipeline_parallel=None,
+    expert_parallel=None,
+    non_persistent_ckpt=False,
+    train_data_iterator=None,
+    release=False,
+    args=None,
+):
+    """Saves model, optimizer, scheduler, RNG state and counters under `args.save` (collective: every rank
+    calls it). Reading the state changes nothing: training continues exactly as without the save.
+
+    `model` is a module or a list of model chunks. The rank/parallel overrides name the file for tools
+    that write the checkpoint of another rank (checkpoint conversion); by default they come from
+    `parallel_state`. `checkpointing_context` and `train_data_iterator` are accepted for Megatron's
+    signature: a torch-format save keeps no context, and the built-in data loader resumes from
+    `args.consumed_train_samples`. `args` defaults to `get_args()`.
+    """
+    args = args if args is not None else get_args()
+    require_torch_format(args)
+    if non_persistent_ckpt:
+        raise ValueError("non-persistent checkpoints (--non-persistent-save-interval) are not supported yet")
+    print_rank_0(f"[{_timestamp()}] saving checkpoint at iteration {iteration:7d} to {args.save} in torch format")
+
+    rng_state = None if args.no_save_rng else get_rng_state(args.data_parallel_random_init)
+    checkpoint_name = get_checkpoint_name(
+        args.save, iteration, release=release, pipeline_parallel=pipeline_parallel, tensor_rank=tensor_rank,
+        pipeline_rank=pipeline_rank, expert_parallel=expert_parallel, expert_rank=expert_rank,
+    )
+    # Model-parallel replicas over DP (and CP, which holds the same weights) are identical: one writes.
+    if not dist.is_initialized() or parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0:
+        state_dict = generate_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration=iteration)
+        state_dict["num_floating_point_operations_so_far"] = num_floating_point_operations_so_far
+        ensure_directory_exists(checkpoint_name)
+        save_atomically(state_dict, checkpoint_name)
+
+    _barrier()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write_text_atomically("release" if release else str(iteration), get_checkpoint_tracker_filename(args.save))
+        print_rank_0(
+            f"  [{_timestamp()}] successfully saved checkpoint from iteration {iteration:7d} to {args.save} "
+            f"{model_parallel_position()}"
+        )
+    _barrier()
