@@ -192,7 +192,7 @@ class TransformerConfig(ModelParallelConfig):
                 f"num_query_groups ({groups}) must divide num_attention_heads ({heads}): "
                 f"{', '.join(map(str, divisors(heads)))}"
             )
-        elif groups % tp:
+        elif groups % tp and groups != heads:  # groups == heads: already reported as a heads problem
             problems.append(
                 f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}) so that "
                 f"each TP rank holds whole key/value heads; TP sizes that divide {groups}: "

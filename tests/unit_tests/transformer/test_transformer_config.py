@@ -1,0 +1,96 @@
+"""TransformerConfig: derived defaults and the single, complete ValueError for bad settings."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+BASE = dict(num_layers=4, hidden_size=64, num_attention_heads=8)
+
+
+def test_derived_defaults():
+    config = TransformerConfig(**BASE)
+    assert (config.ffn_hidden_size, config.kv_channels, config.num_query_groups) == (256, 8, 8)
+    assert config.recompute_modules == ["core_attn"]
+    assert config.expert_tensor_parallel_size == 1 and config.autocast_dtype == torch.float32
+    torch.manual_seed(0)
+    weights = torch.empty(400, 1000)
+    config.init_method(weights)
+    assert abs(weights.std().item() - 0.02) < 0.0005
+    config.output_layer_init_method(weights)  # std / sqrt(2 * num_layers)
+    assert abs(weights.std().item() - 0.02 / (2 * 4) ** 0.5) < 0.0002
+    assert weights.mean().abs().item() < 0.0005
+
+
+def test_every_problem_is_reported_at_once_with_the_numbers():
+    with pytest.raises(ValueError) as error:
+        TransformerConfig(
+            num_layers=6, hidden_size=96, num_attention_heads=12, num_query_groups=5,
+            tensor_model_parallel_size=5, pipeline_model_parallel_size=4, ffn_hidden_size=102,
+        )
+    message = str(error.value)
+    assert "5 problem(s)" in message
+    assert "num_attention_heads (12) must be a multiple of tensor_model_parallel_size (5)" in message
+    assert "1, 2, 3, 4, 6, 12" in message
+    assert "num_query_groups (5) must divide num_attention_heads (12)" in message
+    assert "ffn_hidden_size (102) must be a multiple of tensor_model_parallel_size (5)" in message
+    assert "num_layers (6) must be divisible by pipeline_model_parallel_size (4)" in message
+    assert "pipeline_dtype" in message
+
+
+def test_query_groups_must_split_over_tensor_parallel_ranks():
+    with pytest.raises(ValueError, match=r"num_query_groups \(2\) must be a multiple of tensor_model_parallel_size \(4\)"):
+        TransformerConfig(**BASE, num_query_groups=2, tensor_model_parallel_size=4)
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (dict(recompute_granularity="full"), "needs recompute_method 'uniform' or 'block'"),
+        (dict(recompute_granularity="full", recompute_method="uniform"), "recompute_num_layers between 1 and"),
+        (dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=5), "got 5"),
+        (dict(recompute_granularity="selective", recompute_num_layers=1), "needs recompute_num_layers=None"),
+        (dict(recompute_granularity="partial"), "must be 'full' or 'selective'"),
+        (dict(recompute_granularity="full", recompute_method="random", recompute_num_layers=1), "'uniform' or 'block', got 'random'"),
+        (dict(recompute_granularity="selective", recompute_modules=["attn"]), "unknown recompute_modules entry 'attn'"),
+        (dict(recompute_granularity="selective", recompute_modules=["layernorm"]), "'layernorm' is not supported yet"),
+    ],
+)
+def test_recompute_combinations(settings, expected):
+    with pytest.raises(ValueError, match=expected):
+        TransformerConfig(**BASE, **settings)
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (dict(fp8="hybrid"), "fp8 is not supported yet"),
+        (dict(num_moe_experts=8), "num_moe_experts is not supported yet"),
+        (dict(context_parallel_size=2), "context_parallel_size > 1 is not supported yet"),
+        (dict(sequence_parallel=True), "sequence_parallel=True needs tensor_model_parallel_size > 1"),
+        (dict(fp16=True, bf16=True), "fp16 and bf16 are both True"),
+        (dict(normalization="BatchNorm"), "'LayerNorm' or 'RMSNorm', got 'BatchNorm'"),
+        (dict(attention_backend="cudnn"), "attention_backend 'cudnn' is not one of"),
+        (dict(hidden_dropout=1.0), "hidden_dropout must be in"),
+        (dict(bias_activation_fusion=True, add_bias_linear=False), "needs add_bias_linear=True"),
+        (dict(bias_activation_fusion=True, activation_func=F.silu), "needs gated_linear_unit=True"),
+    ],
+)
+def test_invalid_or_unsupported_settings(settings, expected):
+    with pytest.raises(ValueError, match=expected):
+        TransformerConfig(**BASE, **settings)
+
+
+def test_required_sizes_are_named():
+    with pytest.raises(ValueError, match="num_layers must be a positive integer, got 0"):
+        TransformerConfig(hidden_size=64, num_attention_heads=8)
+
+
+def test_backend_names_and_query_key_layer_scaling():
+    config = TransformerConfig(
+        **BASE, attention_backend="unfused", apply_query_key_layer_scaling=True, attention_softmax_in_fp32=False
+    )
+    assert config.attention_backend is AttnBackend.unfused
+    assert config.attention_softmax_in_fp32  # layer scaling needs the fp32 softmax
