@@ -1,0 +1,1 @@
+"""Training-side data plumbing: the pretraining samplers and data loader."""
