@@ -18,7 +18,7 @@ from megatron.training.checkpoint.layout import (
 from megatron.training.checkpoint.loading import load_checkpoint
 from megatron.training.checkpoint.rng import get_rng_state
 from megatron.training.checkpoint.saving import save_checkpoint
-from megatron.training.checkpoint.state_dict import generate_state_dict, unwrap_model
+from megatron.training.checkpoint.state_dict import generate_state_dict
 
 __all__ = [
     "check_checkpoint_args",
@@ -34,5 +34,4 @@ __all__ = [
     "load_checkpoint_file",
     "read_metadata",
     "save_checkpoint",
-    "unwrap_model",
 ]

@@ -1,7 +1,8 @@
 """The arguments saved in a checkpoint: checking them against this run, and `--use-checkpoint-args`."""
 
+# --use-checkpoint-args runs before torch.distributed is initialised: rank 0 is told by the RANK variable.
+from megatron.training.arguments.reporting import print_rank_0
 from megatron.training.checkpoint.reading import load_base_checkpoint
-from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args
 
 _RESHARD_HINT = (

@@ -13,6 +13,12 @@ import zipfile
 import torch
 
 
+def _umask_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _write_atomically(filename, write) -> None:
     """Runs `write(file object)` on a temporary file next to `filename`, then renames it to `filename`."""
     directory, basename = os.path.split(os.path.abspath(filename))
@@ -22,6 +28,9 @@ def _write_atomically(filename, write) -> None:
             write(file)
             file.flush()
             os.fsync(file.fileno())
+        # mkstemp makes owner-only files; checkpoints get the mode a plain open() would give them, so that
+        # the other users of a shared checkpoint directory can read them.
+        os.chmod(temporary, _umask_file_mode())
         os.replace(temporary, filename)
     except BaseException:
         if os.path.exists(temporary):

@@ -66,6 +66,8 @@ def save_checkpoint(
     """
     args = args if args is not None else get_args()
     require_torch_format(args)
+    if args.save is None:
+        raise ValueError("save_checkpoint needs --save, the directory to write checkpoints to")
     if non_persistent_ckpt:
         raise ValueError("non-persistent checkpoints (--non-persistent-save-interval) are not supported yet")
     print_rank_0(f"[{_timestamp()}] saving checkpoint at iteration {iteration:7d} to {args.save} in torch format")

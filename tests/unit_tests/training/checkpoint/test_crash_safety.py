@@ -35,6 +35,14 @@ def saved_at_2(tmp_path):
     return args, model, optimizer, scheduler
 
 
+def test_files_get_the_mode_a_plain_open_gives(saved_at_2):
+    args = saved_at_2[0]
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in _all_files(args.save):
+        assert os.stat(os.path.join(args.save, name)).st_mode & 0o777 == 0o666 & ~umask, name
+
+
 def test_crash_between_model_file_and_tracker_keeps_the_previous_latest(saved_at_2, monkeypatch):
     args, model, optimizer, scheduler = saved_at_2
     saved_params = model_state(model)

@@ -103,7 +103,8 @@ def test_file_holds_megatrons_state_dict(tmp_path):
                                                  "lr_decay_steps", "min_lr", "start_wd", "end_wd", "wd_incr_style",
                                                  "wd_incr_steps"}
     assert len(state["rng_state"]) == 1
-    assert set(state["rng_state"][0]) == {"random_rng_state", "np_rng_state", "torch_rng_state", "rng_tracker_states"}
+    generators = {"random_rng_state", "np_rng_state", "torch_rng_state", "rng_tracker_states"}
+    assert set(state["rng_state"][0]) == generators | ({"cuda_rng_state"} if torch.cuda.is_available() else set())
     assert set(state["rng_state"][0]["rng_tracker_states"]) == {"model-parallel-rng", "data-parallel-rng",
                                                                 "expert-parallel-rng"}
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"

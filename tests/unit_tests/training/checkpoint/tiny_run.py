@@ -74,11 +74,12 @@ def train_steps(model, optimizer, scheduler, args, first_step: int, num_steps: i
     """Trains steps first_step .. first_step + num_steps - 1 (the data depends only on the step number);
     returns the losses and advances args.consumed_train_samples."""
     model.train()
+    device = next(model.parameters()).device
     losses = []
     for step in range(first_step, first_step + num_steps):
         generator = torch.Generator().manual_seed(step)
-        tokens = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQUENCE_LENGTH + 1), generator=generator)
-        positions = torch.arange(SEQUENCE_LENGTH).expand(BATCH_SIZE, -1)
+        tokens = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQUENCE_LENGTH + 1), generator=generator).to(device)
+        positions = torch.arange(SEQUENCE_LENGTH, device=device).expand(BATCH_SIZE, -1)
         loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).float().mean()
         loss.backward()
         optimizer.step()
@@ -91,12 +92,15 @@ def train_steps(model, optimizer, scheduler, args, first_step: int, num_steps: i
 
 def rng_snapshot() -> dict:
     """Every generator a checkpoint restores (copies)."""
-    return {
+    snapshot = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "tracker": get_cuda_rng_tracker().get_states(),
     }
+    if torch.cuda.is_available():
+        snapshot["cuda"] = torch.cuda.get_rng_state()
+    return snapshot
 
 
 def assert_same(actual, expected, where: str = "state") -> None:
