@@ -21,6 +21,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.timers import Timers
 from megatron.training import global_vars
 from megatron.training.arguments import parse_args, validate_args
+from megatron.training.checkpointing import load_args_from_checkpoint
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.console import print_rank_0
 
@@ -39,6 +40,11 @@ def initialize_megatron(
     args = parsed_args
     if args is None:
         args = parse_args(extra_args_provider, ignore_unknown_args)
+        if args.use_checkpoint_args or (args_defaults or {}).get("use_checkpoint_args", False):
+            # The model shape comes from the checkpoint, before validation derives anything from it.
+            if args.load is None:
+                raise ValueError("--use-checkpoint-args needs --load")
+            args, _ = load_args_from_checkpoint(args)
         validate_args(args, args_defaults or {})
     global_vars.set_args(args)
     if skip_mpu_initialization:

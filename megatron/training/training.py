@@ -6,7 +6,6 @@ initialise -> build model, optimizer, scheduler (and resume) -> build data itera
 every --eval-interval and saving every --save-interval -> final save -> validation and test.
 """
 
-import dataclasses
 import inspect
 import sys
 import time
@@ -15,13 +14,14 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.pipeline_parallel.schedules import get_model_config
 from megatron.core.transformer.module import Float16Module
+from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
@@ -104,13 +104,6 @@ def _finish_writers() -> None:
         wandb_writer.finish()
 
 
-def _config_from_args(config_class, args, **overrides):
-    """A core config dataclass filled from the argparse fields of the same names."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class) if hasattr(args, f.name)}
-    values.update(overrides)
-    return config_class(**values)
-
-
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:
     """Builds this rank's model chunk(s): provider -> device -> Float16Module (fp16/bf16) -> DDP."""
     args = get_args()
@@ -136,15 +129,7 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> li
     if args.fp16 or args.bf16:
         model = Float16Module(config, model)
     if wrap_with_ddp:
-        ddp_config = _config_from_args(
-            DistributedDataParallelConfig,
-            args,
-            grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-            check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
-            bucket_size=args.ddp_bucket_size,
-            average_in_collective=args.ddp_average_in_collective,
-        )
-        model = DistributedDataParallel(config, ddp_config, model)
+        model = DistributedDataParallel(config, ddp_config_from_args(args), model)
         model.broadcast_params()
     return [model]
 
@@ -195,7 +180,8 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
     """Model chunks, optimizer and scheduler; resumes from --load (or --pretrained-checkpoint)."""
     args, timers = get_args(), get_timers()
     model = get_model(model_provider_func, model_type)
-    optimizer_config = _config_from_args(OptimizerConfig, args, timers=timers)
+    optimizer_config = optimizer_config_from_args(args)
+    optimizer_config.timers = timers
     optimizer = get_megatron_optimizer(optimizer_config, model, no_wd_decay_cond, scale_lr_cond, lr_mult)
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
     if args.load is not None or args.pretrained_checkpoint is not None:

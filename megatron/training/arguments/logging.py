@@ -12,6 +12,8 @@ def _add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--tensorboard-queue-size", type=int, default=1000,
                        help="Pending TensorBoard events before a flush.")
     group.add_argument("--log-timers-to-tensorboard", action="store_true", help="Write timers to TensorBoard.")
+    group.add_argument("--no-log-learning-rate-to-tensorboard", action="store_false",
+                       dest="log_learning_rate_to_tensorboard", help="Do not write the learning rate to TensorBoard.")
     group.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false",
                        dest="log_loss_scale_to_tensorboard", help="Do not write the loss scale to TensorBoard.")
     group.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",

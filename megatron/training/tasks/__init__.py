@@ -1,0 +1,1 @@
+"""The model-specific pieces each entry script hands to `pretrain()`: providers, batches, losses."""

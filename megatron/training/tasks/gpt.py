@@ -1,0 +1,133 @@
+"""GPT pretraining pieces for `pretrain_gpt.py`: model provider, batch, loss, forward step, datasets.
+
+Kept importable (and unit-tested) instead of living in the entry script, as STYLE.md 5 asks.
+"""
+
+from functools import partial
+
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.training.arguments import core_transformer_config_from_args
+from megatron.training.console import print_rank_0
+from megatron.training.datasets.blend import get_blend_and_blend_per_split
+from megatron.training.global_vars import get_args, get_timers, get_tokenizer
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> GPTModel:
+    """The GPT of the command line's shape (Megatron-Core's `GPTModel` with the local or TE layer spec)."""
+    args = get_args()
+    print_rank_0("building GPT model ...")
+    config = core_transformer_config_from_args(args)
+    spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm)
+    if args.transformer_impl == "transformer_engine":
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(**spec_args)
+    else:
+        layer_spec = get_gpt_layer_local_spec(**spec_args, normalization=args.normalization)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        vp_stage=vp_stage,
+    )
+
+
+def get_batch(data_iterator):
+    """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device.
+
+    Stages that neither embed nor compute the loss need no data (pipeline parallelism).
+    """
+    if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
+        return None, None, None, None, None
+    batch = next(data_iterator)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    moved = {key: value.to(device, non_blocking=True) if torch.is_tensor(value) else value for key, value in batch.items()}
+    return (
+        moved["tokens"],
+        moved["labels"],
+        moved["loss_mask"],
+        moved.get("attention_mask"),
+        moved["position_ids"],
+    )
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Per-token losses [b, s] -> (Σ loss·mask, Σ mask, {"lm loss": [Σ loss·mask, Σ mask]})."""
+    losses = output_tensor.view(-1).float()
+    mask = loss_mask.view(-1).float()
+    loss_sum = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss_sum.detach(), num_tokens.detach().float()])
+    return loss_sum, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator, model):
+    """Megatron's GPT forward step: the model returns per-token losses when given labels."""
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    timers("batch-generator").stop()
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    return output_tensor, partial(loss_func, loss_mask)
+
+
+def is_dataset_built_on_rank() -> bool:
+    """Data is read on TP rank 0 of the first and last pipeline stages (Megatron's rule)."""
+    return (
+        parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
+    ) and parallel_state.get_tensor_model_parallel_rank() == 0
+
+
+def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    return GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=args.split,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        path_to_cache=args.data_cache_path,
+        mmap_bin_files=args.mmap_bin_files,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+    )
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples):
+    """GPT (or mock) datasets for the three splits, built only where `is_dataset_built_on_rank`."""
+    args = get_args()
+    config = core_gpt_dataset_config_from_args(args)
+    dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    print_rank_0("> building train, validation, and test datasets for GPT ...")
+    train_ds, valid_ds, test_ds = BlendedMegatronDatasetBuilder(
+        dataset_type, train_val_test_num_samples, is_dataset_built_on_rank, config
+    ).build()
+    print_rank_0("> finished creating GPT datasets ...")
+    return train_ds, valid_ds, test_ds
+
+
+train_valid_test_datasets_provider.is_distributed = True
