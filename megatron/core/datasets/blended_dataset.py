@@ -54,7 +54,7 @@ class BlendedDataset(torch.utils.data.Dataset):
         if not all(weight > 0 for weight in weights):
             problems.append(f"weights must be positive, got {list(weights)}")
         if size is None and any(int(weight) != weight for weight in weights):
-            problems.append(f"an exhaustive blend (size=None) needs integer weights (sample counts), got {list(weights)}")
+            problems.append(f"an exhaustive blend (size=None) needs integer weights (counts), got {list(weights)}")
         if problems:
             raise ValueError("BlendedDataset is not valid: " + "; ".join(problems))
         if len(datasets) == 1:

@@ -159,7 +159,11 @@ class BlendedMegatronDatasetBuilder:
         return datasets
 
     def _build_megatron_dataset_splits(
-        self, dataset_path: str | None, split_matrix: SplitMatrix, sizes: list[int | None], synchronize_ranks: bool = True
+        self,
+        dataset_path: str | None,
+        split_matrix: SplitMatrix,
+        sizes: list[int | None],
+        synchronize_ranks: bool = True,
     ) -> list[MegatronDataset | None]:
         """The mid-level dataset of each split of one low-level dataset.
 
@@ -220,7 +224,7 @@ def _get_size_per_split_per_dataset(
     normalized_weights: list[float], target_size_per_split: list[int | None], surplus: float = 0.0
 ) -> list[list[int | None]]:
     """`[dataset][split]` sample counts: `ceil(ceil(size * weight) * (1 + surplus))`."""
-    return [
-        [None if size is None else int(math.ceil(math.ceil(size * weight) * (1 + surplus))) for size in target_size_per_split]
-        for weight in normalized_weights
-    ]
+    def samples(size: int | None, weight: float) -> int | None:
+        return None if size is None else int(math.ceil(math.ceil(size * weight) * (1 + surplus)))
+
+    return [[samples(size, weight) for size in target_size_per_split] for weight in normalized_weights]

@@ -68,13 +68,16 @@ class BlendedMegatronDatasetConfig:
             problems.append(f"num_dataset_builder_threads must be at least 1, got {self.num_dataset_builder_threads}")
         if self.mid_level_dataset_surplus < 0:
             problems.append(f"mid_level_dataset_surplus must be >= 0, got {self.mid_level_dataset_surplus}")
-        if self.blend_per_split is not None and any(self.blend_per_split):
+        per_split = self.blend_per_split is not None and any(self.blend_per_split)
+        if per_split:
             if self.blend is not None:
                 problems.append("blend (--data-path) and blend_per_split (--train/valid/test-data-path) are exclusive")
             if self.split is not None:
-                problems.append("split (--split) does not apply with blend_per_split (--train/valid/test-data-path)")
+                problems.append("split (--split) does not apply to blend_per_split (--train/valid/test-data-path)")
             if len(self.blend_per_split) != len(Split):
-                problems.append(f"blend_per_split needs {len(Split)} entries (train, valid, test), got {len(self.blend_per_split)}")
+                problems.append(
+                    f"blend_per_split needs {len(Split)} entries (train, valid, test), got {len(self.blend_per_split)}"
+                )
             for split, blend in zip(Split, self.blend_per_split):
                 problems += _blend_problems(blend, f"the {split.name} blend")
         elif self.blend is not None:
@@ -87,7 +90,7 @@ class BlendedMegatronDatasetConfig:
             log_single_rank(logger, logging.INFO, "No blend given: mock data, split = 1,1,1")
         if problems:
             raise ValueError(f"{type(self).__name__} is not valid:\n  " + "\n  ".join(problems))
-        if not (self.blend_per_split is not None and any(self.blend_per_split)):
+        if not per_split:
             self.split_matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(self.split))
             log_single_rank(logger, logging.INFO, f"Let split_matrix = {self.split_matrix}")
 

@@ -24,6 +24,8 @@ from megatron.core.datasets.split import Split
 
 logger = logging.getLogger(__name__)
 
+_INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
+
 
 @dataclass
 class GPTDatasetConfig(BlendedMegatronDatasetConfig):
@@ -50,8 +52,8 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unset = [name for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss") if getattr(self, name) is None]
-        problems = [f"{name} must be set to True or False" for name in unset]
+        flags = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
+        problems = [f"{name} must be set to True or False" for name in flags if getattr(self, name) is None]
         if self.tokenizer is None:
             problems.append("tokenizer is required (an object with `eod` and `unique_identifiers`)")
         if problems:
@@ -156,7 +158,8 @@ class GPTDataset(MegatronDataset):
             parts = [self.dataset.get(int(document[first_position]), offset=first_offset, length=length)]
         else:
             parts = [self.dataset.get(int(document[first_position]), offset=first_offset)]
-            parts += [self.dataset.get(int(document[position])) for position in range(first_position + 1, last_position)]
+            for position in range(first_position + 1, last_position):
+                parts.append(self.dataset.get(int(document[position])))
             parts.append(self.dataset.get(int(document[last_position]), offset=0, length=last_offset + extra))
 
         missing = self.config.sequence_length + extra - sum(len(part) for part in parts)
@@ -172,7 +175,7 @@ class GPTDataset(MegatronDataset):
         if directory is None:
             return None
         base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
-        return IndexCache(directory, base, ["document_index", "sample_index", "shuffle_index"])
+        return IndexCache(directory, base, list(_INDEX_NAMES))
 
     def _build_document_sample_shuffle_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Loads the three index arrays from the cache, or builds (and caches) them.
@@ -181,13 +184,13 @@ class GPTDataset(MegatronDataset):
         makes the other ranks wait at a barrier, after which they load rank 0's files.
         """
         cache = self._cache()
-        name = f"{type(self).__name__} {self.index_split.name} indices"
+        label = f"{type(self).__name__} {self.index_split.name} indices"
         if cache is not None and cache.exists():
-            log_single_rank(logger, logging.INFO, f"Load the {name} from {cache.directory}")
+            log_single_rank(logger, logging.INFO, f"Load the {label} from {cache.directory}")
             arrays = cache.load()
-            indices = arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+            indices = tuple(arrays[name] for name in _INDEX_NAMES)
         elif cache is None or global_rank() == 0:
-            log_single_rank(logger, logging.INFO, f"Build and save the {name}")
+            log_single_rank(logger, logging.INFO, f"Build and save the {label}")
             drop_last = self.index_split != Split.valid or self.config.drop_last_partial_validation_sequence
             try:
                 built = build_gpt_indices(
@@ -200,13 +203,13 @@ class GPTDataset(MegatronDataset):
                     drop_last,
                 )
             except ValueError as error:
-                raise ValueError(f"{self.dataset_path or 'mock data'}, {self.index_split.name} split: {error}") from None
+                raise ValueError(f"{self.dataset_path or 'mock data'} ({self.index_split.name}): {error}") from None
             indices = built.document_index, built.sample_index, built.shuffle_index
             if cache is not None:
-                cache.save(dict(zip(["document_index", "sample_index", "shuffle_index"], indices)), self.unique_description)
+                cache.save(dict(zip(_INDEX_NAMES, indices)), self.unique_description)
         else:
             raise FileNotFoundError(
-                f"rank {global_rank()}: the {name} are not in {cache.directory}; global rank 0 builds them "
+                f"rank {global_rank()}: the {label} are not in {cache.directory}; global rank 0 builds them "
                 f"and the other ranks load them after a barrier (BlendedMegatronDatasetBuilder does this), "
                 f"so every rank must see the same cache directory (put --data-cache-path on a file system "
                 f"shared by all nodes)"

@@ -30,6 +30,8 @@ def describe(unique_identifiers: OrderedDict) -> str:
     `unique_identifiers`."""
 
     def nested(value: Any):
+        if isinstance(value, np.generic):  # e.g. a numpy integer passed as a size
+            return value.item()
         try:
             return value.unique_identifiers
         except AttributeError:

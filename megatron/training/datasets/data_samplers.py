@@ -176,7 +176,13 @@ def build_pretraining_data_loader(
         )
     elif dataloader_type == "cyclic":
         batch_sampler = MegatronPretrainingRandomSampler(
-            dataset, len(dataset), consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size, data_sharding
+            dataset,
+            len(dataset),
+            consumed_samples,
+            micro_batch_size,
+            data_parallel_rank,
+            data_parallel_size,
+            data_sharding,
         )
     elif dataloader_type == "external":
         return dataset
