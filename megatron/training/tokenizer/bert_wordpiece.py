@@ -8,13 +8,14 @@ becoming `[UNK]`. Megatron then appends `[BOS]`, `[EOS]` (when missing) and `--v
 split off as punctuation) and serve as ids for the BERT/T5 datasets.
 """
 
+import itertools
+
 from megatron.training.tokenizer.bert_basic_splitter import BertBasicSplitter
 from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
+from megatron.training.tokenizer.piece_cache import PieceCache
 
 # Google's `WordpieceTokenizer` default; `transformers` uses 100.
 MAX_INPUT_CHARS_PER_WORD = 200
-# Bounds the memory of the word -> pieces cache on corpora with an open-ended set of words.
-_MAX_CACHED_WORDS = 1 << 20
 _REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -55,7 +56,7 @@ class BertWordPieceTokenizer(DictVocabTokenizer):
             raise ValueError(f"--vocab-file {vocab_file!r} lacks the BERT special tokens {' '.join(missing)}")
         self._inv_vocab = {token_id: token for token, token_id in self._vocab.items()}
         self._splitter = BertBasicSplitter(lower_case)
-        self._pieces_cache: dict[str, list[int]] = {}
+        self._pieces = PieceCache(self._word_to_ids)
         self._unk_id = self._vocab["[UNK]"]
 
         # The tokens added here can never be WordPiece matches: their first character is punctuation,
@@ -73,10 +74,10 @@ class BertWordPieceTokenizer(DictVocabTokenizer):
             self._inv_vocab[len(self._vocab)] = token
             self._vocab[token] = len(self._vocab)
 
-    def _word_to_ids(self, word: str) -> list[int]:
+    def _word_to_ids(self, word: str) -> tuple[int, ...]:
         """Greedy longest-match-first: take the longest vocab prefix, then continue with `##` pieces."""
         if len(word) > MAX_INPUT_CHARS_PER_WORD:
-            return [self._unk_id]
+            return (self._unk_id,)
         ids, start = [], 0
         while start < len(word):
             for end in range(len(word), start, -1):
@@ -85,22 +86,13 @@ class BertWordPieceTokenizer(DictVocabTokenizer):
                 if piece_id is not None:
                     break
             else:
-                return [self._unk_id]
+                return (self._unk_id,)
             ids.append(piece_id)
             start = end
-        return ids
+        return tuple(ids)
 
     def tokenize(self, text: str) -> list[int]:
-        cache = self._pieces_cache
-        if len(cache) > _MAX_CACHED_WORDS:
-            cache.clear()
-        ids = []
-        for word in self._splitter.split(text):
-            pieces = cache.get(word)
-            if pieces is None:
-                pieces = cache[word] = self._word_to_ids(word)
-            ids.extend(pieces)
-        return ids
+        return list(itertools.chain.from_iterable(map(self._pieces.__getitem__, self._splitter.split(text))))
 
     def detokenize(self, ids) -> str:
         """Megatron's decode: tokens joined by spaces, `##` continuations glued, spacing cleaned up."""
