@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         if args.find_optimal_num_workers:
             return _find_optimal_num_workers(paths, encoder, args)
         summary = preprocess(paths, args.output_prefix, encoder, args.workers, args.log_interval, args.strict)
-    except (PreprocessError, ValueError, FileNotFoundError) as error:
+    except (PreprocessError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(summary.report(), file=sys.stderr)

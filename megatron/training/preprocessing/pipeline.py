@@ -103,7 +103,7 @@ def preprocess(
     log_interval: int = 1000,
     strict: bool = False,
     max_documents: int | None = None,
-    log_stream=sys.stderr,
+    log_stream=None,
 ) -> Summary:
     """Tokenizes every line of `paths` into one dataset per JSON key. Returns what it did."""
     if workers < 1:
@@ -113,7 +113,7 @@ def preprocess(
     os.makedirs(parent, exist_ok=True)
 
     summary = Summary()
-    progress = _Progress(total_input_bytes(paths), log_interval, log_stream)
+    progress = _Progress(total_input_bytes(paths), log_interval, log_stream or sys.stderr)
     in_flight = threading.BoundedSemaphore(2 * workers + 2)
     stop = threading.Event()
     pending = collections.deque()

@@ -1,0 +1,31 @@
+"""Session fixtures for the data tools: the built-in corpus and tokenizers trained on it by our own tools."""
+
+import os
+
+import pytest
+
+from .tool_loader import load_tool
+
+
+@pytest.fixture(scope="session")
+def stdlib_corpus(tmp_path_factory) -> str:
+    """The built-in corpus (the Python standard library as loose JSON), written by tools/build_stdlib_corpus.py."""
+    path = str(tmp_path_factory.mktemp("corpus") / "stdlib.jsonl")
+    assert load_tool("build_stdlib_corpus").main(["--output", path]) == 0
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_files(tmp_path_factory, stdlib_corpus) -> tuple[str, str]:
+    directory = str(tmp_path_factory.mktemp("gpt2"))
+    args = ["--input", stdlib_corpus, "--type", "gpt2", "--vocab-size", "3000", "--output-dir", directory]
+    assert load_tool("train_tokenizer").main(args) == 0
+    return os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+
+
+@pytest.fixture(scope="session")
+def wordpiece_vocab(tmp_path_factory, stdlib_corpus) -> str:
+    directory = str(tmp_path_factory.mktemp("wordpiece"))
+    args = ["--input", stdlib_corpus, "--type", "wordpiece", "--vocab-size", "3000", "--output-dir", directory]
+    assert load_tool("train_tokenizer").main(args) == 0
+    return os.path.join(directory, "vocab.txt")
