@@ -17,6 +17,13 @@ def raise_config_problems(config_name: str, problems: list[str]) -> None:
         raise ValueError(f"{config_name} has {len(problems)} problem(s):\n{lines}")
 
 
+def reject_unsupported(owner: str, **options) -> None:
+    """Raises "owner: name=value is not supported yet" for the first option that is set (truthy)."""
+    for name, value in options.items():
+        if value:
+            raise ValueError(f"{owner}: {name}={value!r} is not supported yet")
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of n, for messages such as "TP must divide 12 heads: 1, 2, 3, 4, 6, 12"."""
     return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.core import parallel_state
-from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.model_parallel_config import ModelParallelConfig, reject_unsupported
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -108,10 +108,8 @@ def _zero_bias(size: int, config: ModelParallelConfig) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype, device=parameter_device(config)))
 
 
-def _unsupported(layer: str, **options) -> None:
-    for name, value in options.items():
-        if value:
-            raise ValueError(f"{layer}: {name}={value!r} is not supported yet")
+def _empty_weight(rows: int, columns: int, config: ModelParallelConfig) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(rows, columns, dtype=config.params_dtype, device=parameter_device(config)))
 
 
 class ColumnParallelLinear(torch.nn.Module):
@@ -142,7 +140,7 @@ class ColumnParallelLinear(torch.nn.Module):
         tp_group=None,
     ):
         super().__init__()
-        _unsupported(
+        reject_unsupported(
             "ColumnParallelLinear",
             is_expert=is_expert,
             disable_grad_reduce=disable_grad_reduce,
@@ -160,14 +158,7 @@ class ColumnParallelLinear(torch.nn.Module):
         if skip_weight_param_allocation:
             self.weight = None
         else:
-            self.weight = torch.nn.Parameter(
-                torch.empty(
-                    self.output_size_per_partition,
-                    input_size,
-                    dtype=config.params_dtype,
-                    device=parameter_device(config),
-                )
-            )
+            self.weight = _empty_weight(self.output_size_per_partition, input_size, config)
             _initialize_affine_weight(
                 self.weight, (output_size, input_size), 0, init_method, stride, config, rank, world_size
             )
@@ -223,7 +214,7 @@ class RowParallelLinear(torch.nn.Module):
         tp_group=None,
     ):
         super().__init__()
-        _unsupported("RowParallelLinear", is_expert=is_expert)
+        reject_unsupported("RowParallelLinear", is_expert=is_expert)
         if config.sequence_parallel and not input_is_parallel:
             raise ValueError("RowParallelLinear: sequence_parallel needs input_is_parallel=True")
         self.input_size, self.output_size = input_size, output_size
@@ -234,11 +225,7 @@ class RowParallelLinear(torch.nn.Module):
         self.tp_world_size = world_size
         _check_last_rank_not_empty(input_size, world_size, "RowParallelLinear input_size")
         self.input_size_per_partition = partition_size(input_size, rank, world_size)
-        self.weight = torch.nn.Parameter(
-            torch.empty(
-                output_size, self.input_size_per_partition, dtype=config.params_dtype, device=parameter_device(config)
-            )
-        )
+        self.weight = _empty_weight(output_size, self.input_size_per_partition, config)
         _initialize_affine_weight(self.weight, (output_size, input_size), 1, init_method, stride, config, rank, world_size)
         if bias:
             self.bias = _zero_bias(output_size, config)
@@ -292,14 +279,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         _check_last_rank_not_empty(num_embeddings, world_size, "VocabParallelEmbedding vocabulary")
         self.vocab_start_index, self.vocab_end_index = partition_range(num_embeddings, rank, world_size)
         self.num_embeddings_per_partition = self.vocab_end_index - self.vocab_start_index
-        self.weight = torch.nn.Parameter(
-            torch.empty(
-                self.num_embeddings_per_partition,
-                embedding_dim,
-                dtype=config.params_dtype,
-                device=parameter_device(config),
-            )
-        )
+        self.weight = _empty_weight(self.num_embeddings_per_partition, embedding_dim, config)
         _initialize_affine_weight(
             self.weight, (num_embeddings, embedding_dim), 0, init_method, 1, config, rank, world_size
         )

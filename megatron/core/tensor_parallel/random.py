@@ -13,6 +13,7 @@ import torch
 import torch.utils.checkpoint
 
 from megatron.core import parallel_state
+from megatron.core.model_parallel_config import reject_unsupported
 
 _MODEL_PARALLEL_RNG_TRACKER_NAME = "model-parallel-rng"
 _DATA_PARALLEL_RNG_TRACKER_NAME = "data-parallel-rng"
@@ -112,13 +113,12 @@ def model_parallel_cuda_manual_seed(
     expert-parallel-rng    seed + 1024 + 100 * ep_rank + etp_rank
     data-parallel-rng      seed
     """
-    for name, value in {
-        "te_rng_tracker": te_rng_tracker,
-        "inference_rng_tracker": inference_rng_tracker,
-        "use_cudagraphable_rng": use_cudagraphable_rng,
-    }.items():
-        if value:
-            raise ValueError(f"model_parallel_cuda_manual_seed: {name}=True is not supported yet")
+    reject_unsupported(
+        "model_parallel_cuda_manual_seed",
+        te_rng_tracker=te_rng_tracker,
+        inference_rng_tracker=inference_rng_tracker,
+        use_cudagraphable_rng=use_cudagraphable_rng,
+    )
     tensor_parallel_seed = seed + 2718 + parallel_state.get_tensor_model_parallel_rank()
     expert_parallel_seed = (
         seed

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
 from megatron.core.transformer.enums import AttnBackend, AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -72,8 +73,9 @@ class DotProductAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
     ) -> torch.Tensor:
-        if attention_bias is not None or packed_seq_params is not None:
-            raise ValueError("DotProductAttention: attention_bias and packed sequences are not supported yet")
+        reject_unsupported(
+            "DotProductAttention", attention_bias=attention_bias is not None, packed_seq_params=packed_seq_params is not None
+        )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         if mask_type == AttnMaskType.no_mask:
             attention_mask = None

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from megatron.core import tensor_parallel
 from megatron.core.activations import openai_gelu
+from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -41,8 +42,7 @@ class MLP(MegatronModule):
         ffn_hidden_size: int | None = None,
     ):
         super().__init__(config)
-        if is_expert:
-            raise ValueError("MLP: is_expert=True (mixture of experts) is not supported yet")
+        reject_unsupported("MLP", is_expert=is_expert)
         input_size = config.hidden_size if input_size is None else input_size
         ffn_hidden_size = config.ffn_hidden_size if ffn_hidden_size is None else ffn_hidden_size
         glu = config.gated_linear_unit

@@ -7,6 +7,7 @@ local names (`input_layernorm`, `self_attention.linear_qkv`, `pre_mlp_layernorm`
 import logging
 
 from megatron.core.extensions.transformer_engine import require_transformer_engine
+from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.bias_dropout_add import get_bias_dropout_add
@@ -19,12 +20,6 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 logger = logging.getLogger(__name__)
-
-
-def _reject_unsupported(spec_name: str, **options) -> None:
-    for name, value in options.items():
-        if value:
-            raise ValueError(f"{spec_name}: {name}={value!r} is not supported yet")
 
 
 def get_gpt_layer_local_spec(
@@ -43,7 +38,7 @@ def get_gpt_layer_local_spec(
     `normalization` ("LayerNorm"/"RMSNorm") fixes the norm type; by default `config.normalization`
     decides when the model is built. `qk_layernorm` adds per-head norms of the queries and keys.
     """
-    _reject_unsupported(
+    reject_unsupported(
         "get_gpt_layer_local_spec",
         num_experts=num_experts,
         moe_grouped_gemm=moe_grouped_gemm,
@@ -103,7 +98,7 @@ def get_gpt_layer_with_transformer_engine_spec(
     instead of TE's fused `linear_qkv.layer_norm_weight`; a warning says so.
     """
     require_transformer_engine("get_gpt_layer_with_transformer_engine_spec()")
-    _reject_unsupported("get_gpt_layer_with_transformer_engine_spec", use_te_op_fuser=use_te_op_fuser)
+    reject_unsupported("get_gpt_layer_with_transformer_engine_spec", use_te_op_fuser=use_te_op_fuser)
     logger.warning(
         "Transformer Engine is installed, but this framework's layers are pure PyTorch: "
         "get_gpt_layer_with_transformer_engine_spec() builds the local spec (same model; state-dict keys "
