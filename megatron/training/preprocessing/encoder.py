@@ -50,7 +50,8 @@ _state = {}
 
 def init_worker(config: EncoderConfig) -> None:
     """Pool initializer: one tokenizer (and sentence splitter) per worker process."""
-    # Each worker is one core; the Rust tokenizer must not start a thread pool of its own per worker.
+    # Each worker is one core; a tokenizer backed by the Rust `tokenizers` library (HuggingFaceTokenizer)
+    # must not start a thread pool of its own in every worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
     from megatron.training.tokenizer import build_tokenizer
@@ -114,7 +115,7 @@ def encode_task(task) -> TaskResult:
             texts = {key: [s for piece in pieces for s in split(piece)] for key, pieces in texts.items()}
         documents.append((index, texts))
 
-    # Pass 2: tokenize each key's pieces in one batch (the Rust tokenizers are much faster in bulk).
+    # Pass 2: tokenize each key's pieces in one call (back ends with a batch API use it).
     ids_by_key = {}
     for key in config.json_keys:
         pieces = [piece for _, texts in documents for piece in texts[key]]
