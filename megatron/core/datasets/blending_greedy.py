@@ -19,6 +19,10 @@ lockstep, a few numpy operations per step covering every chunk:
    until they merge with their previous run, and repeat until nothing changes. Each round fixes at
    least the first wrong chunk, so this terminates, and the result is the sequential greedy exactly:
    errors are computed with the same float64 operations as the C++ loop (a multiply, then a subtract).
+
+Speed (`tools/bench/dataset_index.py`, one CPU core's numpy): about 30 ns per sample with 3 datasets
+(10^8 samples in 3 s), 180 ns with 30, 2.5 us with 1000. The work grows with samples x datasets as in
+the C++ loop; a -O3 C build of that loop ran 1.3-4x faster than this on the same machine.
 """
 
 import math
