@@ -25,8 +25,6 @@ Speed (`tools/bench/dataset_index.py`, one CPU core's numpy): about 30 ns per sa
 the C++ loop; a -O3 C build of that loop ran 1.3-4x faster than this on the same machine.
 """
 
-import math
-
 import numpy as np
 
 _CHUNK_CELLS = 1 << 16  # chunks x datasets per step: keeps the [P, D] working arrays in cache
