@@ -14,7 +14,9 @@ def require_transformer_engine(feature: str):
     try:
         return importlib.import_module("transformer_engine")
     except ImportError as error:
-        raise ImportError(f"{feature} needs NVIDIA Transformer Engine, which is not installed: {INSTALL_HINT}") from error
+        raise ImportError(
+            f"{feature} needs NVIDIA Transformer Engine, which is not installed: {INSTALL_HINT}"
+        ) from error
 
 
 def is_transformer_engine_available() -> bool:

@@ -117,7 +117,8 @@ class ColumnParallelLinear(torch.nn.Module):
 
     Input [s, b, in] (or [s/p, b, in] with sequence parallelism, all-gathered here); output
     [s, b, out/p], or [s, b, out] with `gather_output`. `output_size` need not divide by p (the
-    vocabulary of an output layer), see `partition.py`.
+    vocabulary of an output layer), see `partition.py`. `tp_comm_buffer_name` only names a Transformer
+    Engine comm-overlap buffer in Megatron-LM; it is accepted so that Megatron specs build unchanged.
     """
 
     def __init__(
@@ -172,7 +173,9 @@ class ColumnParallelLinear(torch.nn.Module):
         """`weight` replaces the layer's own (a tied output layer passes the embedding weight)."""
         if weight is None:
             if self.weight is None:
-                raise ValueError("ColumnParallelLinear built with skip_weight_param_allocation needs forward(weight=...)")
+                raise ValueError(
+                    "ColumnParallelLinear built with skip_weight_param_allocation needs forward(weight=...)"
+                )
             weight = self.weight
         elif weight.shape != (self.output_size_per_partition, self.input_size):
             raise ValueError(
@@ -195,7 +198,8 @@ class RowParallelLinear(torch.nn.Module):
 
     Input [s, b, in/p] (`input_is_parallel`) or [s, b, in] (scattered here); the partial products are
     all-reduced to [s, b, out], or reduce-scattered to [s/p, b, out] with sequence parallelism. The bias
-    is replicated and added after the reduction.
+    is replicated and added after the reduction. `tp_comm_buffer_name` is accepted as in
+    `ColumnParallelLinear`.
     """
 
     def __init__(
@@ -226,7 +230,9 @@ class RowParallelLinear(torch.nn.Module):
         _check_last_rank_not_empty(input_size, world_size, "RowParallelLinear input_size")
         self.input_size_per_partition = partition_size(input_size, rank, world_size)
         self.weight = _empty_weight(output_size, self.input_size_per_partition, config)
-        _initialize_affine_weight(self.weight, (output_size, input_size), 1, init_method, stride, config, rank, world_size)
+        _initialize_affine_weight(
+            self.weight, (output_size, input_size), 1, init_method, stride, config, rank, world_size
+        )
         if bias:
             self.bias = _zero_bias(output_size, config)
             # With sequence parallelism each rank sees only its part of the sequence, so the bias grads

@@ -60,7 +60,7 @@ class DotProductAttention(MegatronModule):
         self.use_sdpa = self.backend in _SDPA_KERNELS
         if self.backend not in _LOGGED_BACKENDS:
             _LOGGED_BACKENDS.add(self.backend)
-            kernel = "torch scaled_dot_product_attention" if self.use_sdpa else "unfused reference (matmul-softmax-matmul)"
+            kernel = "torch scaled_dot_product_attention" if self.use_sdpa else "unfused matmul-softmax-matmul"
             logger.info("core attention: %s (attention_backend=%s)", kernel, self.backend.name)
 
     def forward(
@@ -74,7 +74,9 @@ class DotProductAttention(MegatronModule):
         packed_seq_params=None,
     ) -> torch.Tensor:
         reject_unsupported(
-            "DotProductAttention", attention_bias=attention_bias is not None, packed_seq_params=packed_seq_params is not None
+            "DotProductAttention",
+            attention_bias=attention_bias is not None,
+            packed_seq_params=packed_seq_params is not None,
         )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         if mask_type == AttnMaskType.no_mask:

@@ -24,7 +24,9 @@ def _norm_parameter(config: TransformerConfig, hidden_size: int, value: float) -
 class LayerNorm(torch.nn.Module):
     """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension."""
 
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False):
+    def __init__(
+        self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False
+    ):
         super().__init__()
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
@@ -38,7 +40,9 @@ class LayerNorm(torch.nn.Module):
 class RMSNorm(torch.nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * w over the last dimension (no bias)."""
 
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False):
+    def __init__(
+        self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False
+    ):
         super().__init__()
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)

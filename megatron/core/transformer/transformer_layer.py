@@ -82,7 +82,9 @@ class TransformerLayer(MegatronModule):
         cross-attention layers) passes through unchanged."""
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
         normed = self.input_layernorm(hidden_states)
-        attention_output_with_bias = self.self_attention(normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb)
+        attention_output_with_bias = self.self_attention(
+            normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb
+        )
         residual = normed if post_norm_residual else hidden_states
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
         hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)

@@ -41,7 +41,8 @@ def test_every_problem_is_reported_at_once_with_the_numbers():
 
 
 def test_query_groups_must_split_over_tensor_parallel_ranks():
-    with pytest.raises(ValueError, match=r"num_query_groups \(2\) must be a multiple of tensor_model_parallel_size \(4\)"):
+    expected = r"num_query_groups \(2\) must be a multiple of tensor_model_parallel_size \(4\)"
+    with pytest.raises(ValueError, match=expected):
         TransformerConfig(**BASE, num_query_groups=2, tensor_model_parallel_size=4)
 
 
@@ -53,7 +54,10 @@ def test_query_groups_must_split_over_tensor_parallel_ranks():
         (dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=5), "got 5"),
         (dict(recompute_granularity="selective", recompute_num_layers=1), "needs recompute_num_layers=None"),
         (dict(recompute_granularity="partial"), "must be 'full' or 'selective'"),
-        (dict(recompute_granularity="full", recompute_method="random", recompute_num_layers=1), "'uniform' or 'block', got 'random'"),
+        (
+            dict(recompute_granularity="full", recompute_method="random", recompute_num_layers=1),
+            "'uniform' or 'block', got 'random'",
+        ),
         (dict(recompute_granularity="selective", recompute_modules=["attn"]), "unknown recompute_modules entry 'attn'"),
         (dict(recompute_granularity="selective", recompute_modules=["layernorm"]), "'layernorm' is not supported yet"),
     ],

@@ -120,9 +120,12 @@ class GPTModel(LanguageModule):
         rotary_pos_emb = None
         if self.position_embedding_type == "rope":
             hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
-            sequence_length = hidden.size(0) * (self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1)
-            rotary_pos_emb = self.rotary_pos_emb(sequence_length).to(hidden.device)
-        hidden_states = self.decoder(hidden_states=decoder_input, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb)
+            # With sequence parallelism each rank holds s/p positions; the rotation covers all s.
+            sequence_parallel_ranks = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+            rotary_pos_emb = self.rotary_pos_emb(hidden.size(0) * sequence_parallel_ranks).to(hidden.device)
+        hidden_states = self.decoder(
+            hidden_states=decoder_input, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb
+        )
         if not self.post_process:
             return hidden_states
 

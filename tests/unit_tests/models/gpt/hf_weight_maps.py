@@ -33,13 +33,18 @@ def gpt2_to_megatron(hf_state: dict, num_layers: int, num_heads: int) -> dict:
             out[mc + f"self_attention.linear_qkv.{suffix}"] = gpt2_qkv_to_megatron(
                 hf_state[hf + f"attn.c_attn.{suffix}"], num_heads
             )
-        for hf_name, mc_name in (("attn.c_proj", "self_attention.linear_proj"), ("mlp.c_fc", "mlp.linear_fc1"), ("mlp.c_proj", "mlp.linear_fc2")):
+        conv1d_layers = (
+            ("attn.c_proj", "self_attention.linear_proj"),
+            ("mlp.c_fc", "mlp.linear_fc1"),
+            ("mlp.c_proj", "mlp.linear_fc2"),
+        )
+        for hf_name, mc_name in conv1d_layers:
             out[mc + mc_name + ".weight"] = hf_state[hf + hf_name + ".weight"].t()  # Conv1D transpose
             out[mc + mc_name + ".bias"] = hf_state[hf + hf_name + ".bias"]
     return out
 
 
-def llama_qkv_to_megatron(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_groups: int) -> torch.Tensor:
+def llama_qkv_to_megatron(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_groups: int):
     """Separate q [np*hn, h], k and v [ng*hn, h] -> per-group rows: for each group g its np/ng query
     heads, then k_g, then v_g. HF's repeat_kv gives query head j the key head j // (np/ng), the same
     grouping."""

@@ -114,7 +114,8 @@ def _shard_of(full: torch.Tensor, name: str, param, rank: int, world_size: int) 
         return torch.cat([half.chunk(world_size, 0)[rank] for half in full.chunk(2, 0)])
     if full.shape[param.partition_dim] % world_size:  # uneven vocabulary: ceil-sized leading shards
         chunk = -(-full.shape[param.partition_dim] // world_size)
-        return full.narrow(param.partition_dim, rank * chunk, min(chunk, full.shape[param.partition_dim] - rank * chunk))
+        length = min(chunk, full.shape[param.partition_dim] - rank * chunk)
+        return full.narrow(param.partition_dim, rank * chunk, length)
     return full.chunk(world_size, param.partition_dim)[rank]
 
 
@@ -134,7 +135,10 @@ def _tp_invariance(name, rank, world_size, sequence_parallel):
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
     reference_params = dict(reference.named_parameters())
-    worst = {"loss": (loss - reference_loss).abs().max().item(), "logits": (logits - reference_logits).abs().max().item()}
+    worst = {
+        "loss": (loss - reference_loss).abs().max().item(),
+        "logits": (logits - reference_logits).abs().max().item(),
+    }
     for param_name, param in model.named_parameters():
         expected = reference_params[param_name]
         grad = param.grad.clone()
@@ -172,7 +176,10 @@ def _pipeline_tied_embeddings(rank, world_size):
     vocab = 64
     tokens, positions, labels = _batch(vocab)
     torch.manual_seed(3)
-    reference = GPTModel(TransformerConfig(**config_args), get_gpt_layer_local_spec(), vocab, SEQ, share_embeddings_and_output_weights=True)
+    reference = GPTModel(
+        TransformerConfig(**config_args), get_gpt_layer_local_spec(), vocab, SEQ,
+        share_embeddings_and_output_weights=True,
+    )
     reference_loss = reference(tokens, positions, None, labels=labels)
     reference_loss.sum().backward()
 

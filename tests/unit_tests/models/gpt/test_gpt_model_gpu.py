@@ -24,7 +24,8 @@ def _model(**overrides):
     )
     settings.update(overrides)
     model_parallel_cuda_manual_seed(0)
-    return GPTModel(TransformerConfig(**settings), get_gpt_layer_local_spec(), VOCAB, SEQ, position_embedding_type="rope")
+    config = TransformerConfig(**settings)
+    return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, position_embedding_type="rope")
 
 
 def _batch():
