@@ -21,35 +21,38 @@ def _norm_parameter(config: TransformerConfig, hidden_size: int, value: float) -
     return param
 
 
-class LayerNorm(torch.nn.Module):
+class _ScaledNorm(torch.nn.Module):
+    """The learned per-channel scale w shared by both norms (stored as w - 1 when zero-centred)."""
+
+    def __init__(
+        self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False
+    ):
+        super().__init__()
+        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
+        self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
+
+    def scale(self) -> torch.Tensor:
+        return self.weight + 1 if self.zero_centered_gamma else self.weight
+
+
+class LayerNorm(_ScaledNorm):
     """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension."""
 
     def __init__(
         self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False
     ):
-        super().__init__()
-        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
-        self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
+        super().__init__(config, hidden_size, eps, zero_centered_gamma)
         self.bias = _norm_parameter(config, hidden_size, 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight + 1 if self.zero_centered_gamma else self.weight
-        return F.layer_norm(x, (self.hidden_size,), weight, self.bias, self.eps)
+        return F.layer_norm(x, (self.hidden_size,), self.scale(), self.bias, self.eps)
 
 
-class RMSNorm(torch.nn.Module):
+class RMSNorm(_ScaledNorm):
     """y = x / sqrt(mean(x^2) + eps) * w over the last dimension (no bias)."""
 
-    def __init__(
-        self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, zero_centered_gamma: bool = False
-    ):
-        super().__init__()
-        self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
-        self.weight = _norm_parameter(config, hidden_size, 0.0 if zero_centered_gamma else 1.0)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight + 1 if self.zero_centered_gamma else self.weight
-        return F.rms_norm(x, (self.hidden_size,), weight, self.eps)
+        return F.rms_norm(x, (self.hidden_size,), self.scale(), self.eps)
 
 
 class WrappedTorchNorm:
