@@ -42,8 +42,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         logits = vocab_parallel_logits.float()
-        logits_max = all_reduce(logits.amax(dim=-1), dist.ReduceOp.MAX)
-        logits = logits - logits_max.unsqueeze(-1)
+        logits_max = all_reduce(logits.amax(dim=-1), dist.ReduceOp.MAX).unsqueeze(-1)
+        # bf16/fp16 logits were just copied to fp32, so that copy can be shifted in place (one [s, b, V/p]
+        # fp32 buffer instead of two); fp32 logits belong to the caller and are left untouched.
+        logits = logits - logits_max if logits is vocab_parallel_logits else logits.sub_(logits_max)
         local_vocab = logits.size(-1)
         vocab_start, vocab_size = _vocab_start_and_size(local_vocab, logits.device, group, world_size)
 

@@ -39,6 +39,7 @@ def test_tp1_matches_reference_loss_and_grad(label_smoothing):
     (reference * weights).sum().backward()
     torch.testing.assert_close(loss, reference)
     torch.testing.assert_close(ours.grad, reference_logits.grad)
+    assert torch.equal(ours.detach(), logits)  # the caller's fp32 logits are not modified
 
 
 def test_bf16_logits_give_fp32_loss():
