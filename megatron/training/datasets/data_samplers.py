@@ -190,6 +190,9 @@ def build_pretraining_data_loader(
         raise ValueError(f"--dataloader-type {dataloader_type!r} is not supported: use single, cyclic or external")
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
+    # The loader draws its workers' base seed from `generator` each time an iterator is made; without
+    # one it would draw from the global torch RNG, which a resumed run has just restored from the
+    # checkpoint, and dropout after a resume would differ from an uninterrupted run.
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=batch_sampler,
@@ -197,4 +200,5 @@ def build_pretraining_data_loader(
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         worker_init_fn=worker_init_fn if num_workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
     )

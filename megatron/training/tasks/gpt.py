@@ -58,7 +58,12 @@ def get_batch(data_iterator):
     """
     if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
         return None, None, None, None, None
+    args = get_args()
     batch = next(data_iterator)
+    if not args.reset_attention_mask:
+        # The mask is then the plain causal one, which attention applies by itself (and SDPA can then use
+        # its flash kernels, which take no explicit mask).
+        batch.pop("attention_mask", None)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     moved = {key: value.to(device, non_blocking=True) if torch.is_tensor(value) else value for key, value in batch.items()}
     return (
