@@ -84,6 +84,8 @@ def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
     """Reads `path` into {dest: value}; raises one ValueError listing every bad key or value."""
     if not os.path.isfile(path):
         raise ValueError(f"{CONFIG_FILE_FLAG} {path}: no such file")
+    import yaml  # imported here: runs without a config file need no YAML parser
+
     with open(path) as stream:
         try:
             content = yaml.safe_load(stream)
