@@ -7,20 +7,10 @@ array that a later run would load.
 """
 
 import os
-import tempfile
 
 import numpy as np
 
-
-def _file_mode_from_umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-# mkstemp creates files readable by their owner only; cache files get the usual umask-based mode so
-# that the other users of a shared cache directory can read them.
-_FILE_MODE = _file_mode_from_umask()
+from megatron.core.atomic_write import write_atomically
 
 
 class IndexCache:
@@ -44,26 +34,10 @@ class IndexCache:
         try:
             os.makedirs(self.directory, exist_ok=True)
             for name, path in self.array_paths.items():
-                _write_atomically(path, lambda stream, array=arrays[name]: np.save(stream, array, allow_pickle=True))
-            _write_atomically(self.description_path, lambda stream: stream.write(description.encode("utf-8")))
+                write_atomically(path, lambda stream, array=arrays[name]: np.save(stream, array, allow_pickle=True))
+            write_atomically(self.description_path, lambda stream: stream.write(description.encode("utf-8")))
         except OSError as error:
             raise OSError(
                 f"cannot write the dataset index cache in {self.directory}: {error}; give a writable "
                 f"directory with --data-cache-path (path_to_cache)"
             ) from error
-
-
-def _write_atomically(path: str, write) -> None:
-    directory, name = os.path.split(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".incomplete", dir=directory)
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, _FILE_MODE)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise

@@ -17,26 +17,12 @@ from typing import Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .. import parallel_state
+from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
 
 def param_is_not_shared(param: torch.nn.Parameter) -> bool:
     """False for the second copy of a weight shared between pipeline stages (`shared=True`)."""
     return not getattr(param, "shared", False)
-
-
-def param_is_not_tensor_parallel_duplicate(
-    param: torch.nn.Parameter, tensor_parallel_rank: Optional[int] = None
-) -> bool:
-    """True if this rank's copy of `param` must be counted: TP shards always, replicated params on TP rank 0.
-
-    `tensor_parallel_rank` defaults to this rank's dense TP rank; expert params pass their expert-TP rank.
-    """
-    if getattr(param, "tensor_model_parallel", False):
-        return True
-    if tensor_parallel_rank is None:
-        tensor_parallel_rank = parallel_state.get_tensor_model_parallel_rank()
-    return tensor_parallel_rank == 0
 
 
 def _all_reduce(tensor: torch.Tensor, op, group) -> None:

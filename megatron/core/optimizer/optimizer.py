@@ -23,13 +23,13 @@ from typing import List, Optional
 import torch
 
 from .. import parallel_state
+from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 from ..timers import timed
 from .clip_grads import (
     clip_grad_by_total_norm_fp32,
     count_zeros_fp32,
     get_grad_norm_fp32,
     param_is_not_shared,
-    param_is_not_tensor_parallel_duplicate,
 )
 from .grad_scaler import MegatronGradScaler
 from .optimizer_config import OptimizerConfig

@@ -7,51 +7,21 @@ name (`os.replace` is atomic within one file system). A crash mid-write leaves a
 
 import os
 import pickle
-import tempfile
 import zipfile
 
 import torch
 
-
-def _umask_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _write_atomically(filename, write) -> None:
-    """Runs `write(file object)` on a temporary file next to `filename`, then renames it to `filename`."""
-    directory, basename = os.path.split(os.path.abspath(filename))
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{basename}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        # mkstemp makes owner-only files; checkpoints get the mode a plain open() would give them, so that
-        # the other users of a shared checkpoint directory can read them.
-        os.chmod(temporary, _umask_file_mode())
-        os.replace(temporary, filename)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
-    # The rename itself must reach the disk before the tracker can name this file.
-    directory_descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_descriptor)
-    finally:
-        os.close(directory_descriptor)
+from megatron.core.atomic_write import write_atomically
 
 
 def save_atomically(obj, filename) -> None:
     """`torch.save(obj, filename)`, crash-safe."""
-    _write_atomically(filename, lambda file: torch.save(obj, file))
+    write_atomically(filename, lambda file: torch.save(obj, file))
 
 
 def write_text_atomically(text: str, filename) -> None:
     """Writes `text` to `filename`, crash-safe."""
-    _write_atomically(filename, lambda file: file.write(text.encode()))
+    write_atomically(filename, lambda file: file.write(text.encode()))
 
 
 def load_checkpoint_file(filename):
