@@ -110,15 +110,38 @@ class SelfAttention(MegatronModule):
         rotary_pos_emb=None,
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
+        inference_context=None,
     ):
+        """With an `inference_context` (KV cache) the new keys/values join the cached ones and the queries
+        attend over all of them; `rotary_pos_emb` must then hold the angles of the new positions."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         if rotary_pos_emb is not None:
             q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
             key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
-        core_args = (query, key, value, attention_mask, None, attention_bias, packed_seq_params)
+        mask_type = None
+        if inference_context is not None:
+            key, value = inference_context.append_key_value(self.layer_number, key, value)
+            if attention_mask is None and self.attn_mask_type == AttnMaskType.causal:
+                attention_mask, mask_type = causal_mask_over_cache(query.size(0), key.size(0), query.device)
+        core_args = (query, key, value, attention_mask, mask_type, attention_bias, packed_seq_params)
         if self.checkpoint_core_attention and self.training:
             context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
         else:
             context = self.core_attention(*core_args)
         return self.linear_proj(context)
+
+
+def causal_mask_over_cache(num_queries: int, num_keys: int, device: torch.device):
+    """(attention_mask, mask type override) for sq new queries over sk >= sq cached keys.
+
+    Query i sits at absolute position sk - sq + i and sees keys 0 .. sk - sq + i, i.e. the causal mask
+    aligned to the bottom-right corner. sq = sk (nothing cached before) is the plain causal case, which
+    core attention builds itself; a single query sees every key and needs no mask at all.
+    """
+    if num_queries == num_keys:
+        return None, None
+    if num_queries == 1:
+        return None, AttnMaskType.no_mask
+    masked = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).triu(num_keys - num_queries + 1)
+    return masked, None  # [sq, sk], True = masked

@@ -82,10 +82,12 @@ class TransformerBlock(MegatronModule):
         """The activation received from the previous pipeline stage."""
         self.input_tensor = input_tensor
 
-    def _run_layers(self, start: int, end: int):
+    def _run_layers(self, start: int, end: int, inference_context=None):
         def run(hidden_states, attention_mask, rotary_pos_emb):
             for layer in self.layers[start:end]:
-                hidden_states, _ = layer(hidden_states, attention_mask, rotary_pos_emb=rotary_pos_emb)
+                hidden_states, _ = layer(
+                    hidden_states, attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
+                )
             return hidden_states
 
         return run
@@ -111,13 +113,16 @@ class TransformerBlock(MegatronModule):
         hidden_states: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         rotary_pos_emb=None,
+        inference_context=None,
     ) -> torch.Tensor:
+        """`inference_context`: the KV cache of generation (megatron.core.inference), None in training."""
         if not self.pre_process:
             hidden_states = self.input_tensor
         if self.config.recompute_granularity == "full" and self.training:
             hidden_states = self._checkpointed_forward(hidden_states, attention_mask, rotary_pos_emb)
         else:
-            hidden_states = self._run_layers(0, len(self.layers))(hidden_states, attention_mask, rotary_pos_emb)
+            run = self._run_layers(0, len(self.layers), inference_context)
+            hidden_states = run(hidden_states, attention_mask, rotary_pos_emb)
         if self.final_layernorm is not None:
             hidden_states = self.final_layernorm(hidden_states)
         return hidden_states

@@ -77,13 +77,15 @@ class TransformerLayer(MegatronModule):
         attention_mask: torch.Tensor | None = None,
         rotary_pos_emb=None,
         context: torch.Tensor | None = None,
+        inference_context=None,
     ):
         """Returns `(hidden_states, context)`, Megatron's layer contract; `context` (an encoder output for
-        cross-attention layers) passes through unchanged."""
+        cross-attention layers) passes through unchanged. `inference_context` is the KV cache of
+        generation (megatron.core.inference)."""
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
         normed = self.input_layernorm(hidden_states)
         attention_output_with_bias = self.self_attention(
-            normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb
+            normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
         )
         residual = normed if post_norm_residual else hidden_states
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)

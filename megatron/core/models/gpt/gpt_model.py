@@ -110,11 +110,20 @@ class GPTModel(LanguageModule):
         attention_mask: torch.Tensor | None,
         decoder_input: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        inference_context=None,
         runtime_gather_output: bool | None = None,
     ) -> torch.Tensor:
         """ids/positions [b, s]; attention_mask bool [b, 1, s, s] with True = masked, or None for plain
         causal attention. Returns logits [b, s, V/p] (or [b, s, V] when gathered), losses [b, s] when
-        `labels` are given, or the hidden states [s, b, h] on a stage without `post_process`."""
+        `labels` are given, or the hidden states [s, b, h] on a stage without `post_process`.
+
+        With an `inference_context` (megatron.core.inference KV cache) the s tokens are the next ones
+        after the `sequence_len_offset` cached positions: `position_ids` must hold their absolute
+        positions, RoPE rotates by them, and with `materialize_only_last_token_logits` the logits are
+        [b, 1, V/p], those of the last position only.
+        """
+        if inference_context is not None and self.config.sequence_parallel:
+            raise ValueError("GPTModel: generation with an inference_context does not support sequence_parallel yet")
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
         rotary_pos_emb = None
@@ -122,12 +131,19 @@ class GPTModel(LanguageModule):
             hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
             # With sequence parallelism each rank holds s/p positions; the rotation covers all s.
             sequence_parallel_ranks = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
-            rotary_pos_emb = self.rotary_pos_emb(hidden.size(0) * sequence_parallel_ranks).to(hidden.device)
+            offset = 0 if inference_context is None else inference_context.sequence_len_offset
+            rotary_pos_emb = self.rotary_pos_emb(hidden.size(0) * sequence_parallel_ranks, offset=offset)
+            rotary_pos_emb = rotary_pos_emb.to(hidden.device)
         hidden_states = self.decoder(
-            hidden_states=decoder_input, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb
+            hidden_states=decoder_input,
+            attention_mask=attention_mask,
+            rotary_pos_emb=rotary_pos_emb,
+            inference_context=inference_context,
         )
         if not self.post_process:
             return hidden_states
+        if inference_context is not None and inference_context.materialize_only_last_token_logits:
+            hidden_states = hidden_states[-1:]  # [1, b, h]: the next token depends on the last position only
 
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output)
