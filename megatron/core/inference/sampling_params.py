@@ -21,7 +21,8 @@ class SamplingParams:
 
     def __post_init__(self):
         problems = []
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
+        temperature_ok = isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+        if not (temperature_ok and self.temperature > 0):
             problems.append(
                 f"temperature must be a positive number, got {self.temperature!r} (for the most likely token "
                 "every time, use greedy decoding)"

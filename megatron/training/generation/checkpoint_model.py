@@ -29,7 +29,9 @@ def resolve_device(device: str | None) -> torch.device:
     try:
         resolved = torch.device(device)
     except RuntimeError as error:
-        raise ValueError(f"--device {device!r} is not a device torch knows ({error}); use cpu, cuda or cuda:N") from None
+        raise ValueError(
+            f"--device {device!r} is not a device torch knows ({error}); use cpu, cuda or cuda:N"
+        ) from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is available here; use --device cpu")
     return resolved

@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="iteration to load instead of the latest one in latest_checkpointed_iteration.txt")
     source.add_argument("--vocab-file", default=None, help="replaces the vocab file recorded in the checkpoint")
     source.add_argument("--merge-file", default=None, help="replaces the BPE merge file recorded in the checkpoint")
-    source.add_argument("--tokenizer-model", default=None, help="replaces the tokenizer model recorded in the checkpoint")
+    source.add_argument("--tokenizer-model", default=None,
+                        help="replaces the tokenizer model (file or directory) recorded in the checkpoint")
     source.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
 
     text = parser.add_argument_group("generation")
