@@ -34,6 +34,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
+# Megatron-LM takes the null tokenizer from megatron.core.tokenizers; here the tokenizers live in the
+# training layer (they import no torch, so that preprocessing runs without it).
 from megatron.training.tokenizer import NullTokenizer
 
 SEQUENCE_LENGTH = 64
@@ -48,7 +50,7 @@ def print_rank_0(message: str) -> None:
         print(message, flush=True)
 
 
-def initialize_distributed(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1) -> torch.device:
+def initialize_distributed(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1):
     """torch.distributed from torchrun's environment (or a one-process group), then Megatron-Core's
     parallel groups. Returns the device this rank computes on."""
     parallel_state.destroy_model_parallel()
@@ -57,10 +59,12 @@ def initialize_distributed(tensor_model_parallel_size: int = 1, pipeline_model_p
         backend, device = "nccl", torch.device("cuda", torch.cuda.current_device())
     else:
         backend, device = "gloo", torch.device("cpu")
+    # NCCL binds each rank's communicator to its GPU up front when told which one it is.
+    device_id = device if device.type == "cuda" else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend)  # env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR/PORT
+        dist.init_process_group(backend, device_id=device_id)  # env:// rendezvous from torchrun
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size)
     return device
 
@@ -100,9 +104,8 @@ def get_train_data_iterator() -> Iterator:
     )
     data_parallel_size = parallel_state.get_data_parallel_world_size()
     num_samples = NUM_ITERATIONS * NUM_MICROBATCHES * MICRO_BATCH_SIZE * data_parallel_size
-    train_dataset, _, _ = BlendedMegatronDatasetBuilder(
-        MockGPTDataset, [num_samples, None, None], lambda: True, config
-    ).build()
+    builder = BlendedMegatronDatasetBuilder(MockGPTDataset, [num_samples, None, None], lambda: True, config)
+    train_dataset, _, _ = builder.build()
     # The dataset already shuffles its samples (with random_seed); the sampler only shards them.
     sampler = DistributedSampler(
         train_dataset, num_replicas=data_parallel_size, rank=parallel_state.get_data_parallel_rank(), shuffle=False
@@ -110,9 +113,7 @@ def get_train_data_iterator() -> Iterator:
     return iter(DataLoader(train_dataset, batch_size=MICRO_BATCH_SIZE, sampler=sampler))
 
 
-def loss_func(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, Dict]:
     """Megatron-Core's loss contract: (sum of the token losses, number of tokens, report); the schedule
     divides the sum by the token count and the number of micro-batches."""
     losses = output_tensor.float().view(-1)  # [b * s] per-token cross entropy
@@ -130,32 +131,31 @@ def forward_step_func(data_iterator: Iterator, model: torch.nn.Module) -> Tuple[
     return output_tensor, partial(loss_func, batch["loss_mask"])
 
 
+def _shard_path(checkpoint_dir: str) -> str:
+    return os.path.join(checkpoint_dir, f"tp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}.pt")
+
+
 def save_checkpoint(checkpoint_dir: str, model: torch.nn.Module) -> None:
     """Each tensor-parallel rank of the first data-parallel replica writes its shard (temp, then rename)."""
     if parallel_state.get_data_parallel_rank() == 0:
         os.makedirs(checkpoint_dir, exist_ok=True)
-        path = os.path.join(checkpoint_dir, f"tp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}.pt")
-        torch.save(model.state_dict(), path + ".tmp")
-        os.replace(path + ".tmp", path)
+        torch.save(model.state_dict(), _shard_path(checkpoint_dir) + ".tmp")
+        os.replace(_shard_path(checkpoint_dir) + ".tmp", _shard_path(checkpoint_dir))
     dist.barrier()
 
 
 def load_checkpoint(checkpoint_dir: str, model: torch.nn.Module) -> torch.nn.Module:
     """Loads this rank's tensor-parallel shard into `model`."""
-    path = os.path.join(checkpoint_dir, f"tp_rank_{parallel_state.get_tensor_model_parallel_rank():02d}.pt")
-    model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(_shard_path(checkpoint_dir), map_location=device, weights_only=True))
     return model
 
 
-def models_differ(a: torch.nn.Module, b: torch.nn.Module) -> list:
-    """Names of the state-dict entries where `a` and `b` are not identical."""
+def differing_tensors(a: torch.nn.Module, b: torch.nn.Module) -> list:
+    """Names of the state-dict tensors that are not identical in `a` and `b` (or not in both)."""
     state_a, state_b = a.state_dict(), b.state_dict()
-    if state_a.keys() != state_b.keys():
-        return sorted(state_a.keys() ^ state_b.keys())
-    return [
-        name for name in state_a
-        if not (torch.equal(state_a[name], state_b[name]) if torch.is_tensor(state_a[name]) else state_a[name] == state_b[name])
-    ]
+    missing = sorted(state_a.keys() ^ state_b.keys())
+    return missing + [name for name in state_a.keys() & state_b.keys() if not torch.equal(state_a[name], state_b[name])]
 
 
 def main() -> None:
@@ -165,16 +165,14 @@ def main() -> None:
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     tensor_model_parallel_size = 2 if world_size > 1 else 1
-    device = initialize_distributed(tensor_model_parallel_size=tensor_model_parallel_size, pipeline_model_parallel_size=1)
+    device = initialize_distributed(tensor_model_parallel_size, pipeline_model_parallel_size=1)
     if world_size == 1:
         print_rank_0("note: one process, so TP=1; run under `torchrun --nproc_per_node=2` for TP=2")
     torch.manual_seed(123)  # the CPU generator draws the initial weights (use_cpu_initialization)
     model_parallel_cuda_manual_seed(123)
 
     gpt_model = model_provider().to(device)
-    model = DistributedDataParallel(
-        config=gpt_model.config, ddp_config=DistributedDataParallelConfig(), module=gpt_model
-    )
+    model = DistributedDataParallel(gpt_model.config, DistributedDataParallelConfig(), gpt_model)
     # Megatron's optimizer steps on DDP's `main_grad` buffers (a plain torch.optim.Adam would see no
     # `.grad`: DDP moves every gradient into its buffer).
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=5e-3, weight_decay=0.01), [model])
@@ -203,12 +201,12 @@ def main() -> None:
 
     save_checkpoint(checkpoint_dir, model)
     fresh = model_provider().to(device)  # the generator has moved on: different initial weights
-    if not models_differ(fresh, gpt_model):
-        raise RuntimeError("a freshly initialised model equals the trained one: the reload check would prove nothing")
-    mismatched = models_differ(load_checkpoint(checkpoint_dir, fresh), gpt_model)
+    if not differing_tensors(fresh, gpt_model):
+        raise RuntimeError("a fresh model equals the trained one, so the reload check would prove nothing")
+    mismatched = differing_tensors(load_checkpoint(checkpoint_dir, fresh), gpt_model)
     if mismatched:
         raise RuntimeError(f"the reloaded model differs from the saved one in {mismatched}")
-    print_rank_0(f"checkpoint reload check passed: the model loaded from {checkpoint_dir} equals the trained model")
+    print_rank_0(f"checkpoint reload check passed: the model loaded from {checkpoint_dir} equals the trained one")
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 

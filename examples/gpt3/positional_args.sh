@@ -8,8 +8,9 @@
 # and argparse keeps the last occurrence, so they override it: e.g. `--num-layers 2 --train-samples 8`.
 
 if [ $# -lt 5 ]; then
-    echo "usage: $0 CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [pretrain_gpt.py flags ...]" >&2
-    echo "  MOCK as DATA_PATH: generated tokens (--mock-data); MOCK as VOCAB_FILE: the NullTokenizer (no files)" >&2
+    echo "usage: $0 CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [flags ...]" >&2
+    echo "  MOCK as DATA_PATH: generated tokens (--mock-data); MOCK as VOCAB_FILE: the NullTokenizer" >&2
+    echo "  flags after the five paths go to pretrain_gpt.py, after (so overriding) the script's own" >&2
     exit 1
 fi
 CHECKPOINT_PATH=$1

@@ -3,7 +3,8 @@
 # sequences of 2048), learning rate 2.0e-4. The table's "24 heads of 128" does not fit d_model 2048
 # (24 x 128 = 3072); 16 heads of 128 do, as in other reproductions. The recipe is in gpt3_paper_recipe.sh.
 #
-#   bash examples/gpt3/train_gpt3_1.3b.sh CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [flags ...]
+#   bash examples/gpt3/train_gpt3_1.3b.sh \
+#       CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [flags ...]
 #
 # MOCK for DATA_PATH trains on generated tokens, MOCK for VOCAB_FILE uses the NullTokenizer; flags after
 # the paths override the script's.

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs the "175B" parameter model: Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh.
 #
-#   bash examples/gpt3/train_gpt3_175b_distributed.sh CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [flags ...]
+#   bash examples/gpt3/train_gpt3_175b_distributed.sh \
+#       CHECKPOINT_PATH TENSORBOARD_LOGS_PATH VOCAB_FILE MERGE_FILE DATA_PATH [flags ...]
 #
 # 96 layers, d_model 12288, 96 heads; TP 8 x PP 16 = 128 GPUs per model replica, e.g. on 16 nodes of 8:
 #   NUM_NODES=16 NODE_RANK=<0..15> MASTER_ADDR=<first node> bash examples/gpt3/train_gpt3_175b_distributed.sh ...

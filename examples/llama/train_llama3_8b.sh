@@ -17,7 +17,7 @@ source "$EXAMPLES_DIR/distributed_args.sh"
 
 for positional in "${@:1:4}"; do
     if [[ "$positional" == --* ]]; then
-        echo "usage: $0 [CHECKPOINT_PATH [TENSORBOARD_LOGS_PATH [TOKENIZER [DATA_PATH]]]] [pretrain_gpt.py flags ...]" >&2
+        echo "usage: $0 [CHECKPOINT_PATH [TENSORBOARD_LOGS_PATH [TOKENIZER [DATA_PATH]]]] [flags ...]" >&2
         echo "  flags go after all four positional arguments (MOCK for TOKENIZER and DATA_PATH); got $positional" >&2
         exit 1
     fi
