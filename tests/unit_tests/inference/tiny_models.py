@@ -14,8 +14,9 @@ from tests.unit_tests.models.gpt.hf_weight_maps import gpt2_to_megatron, llama_t
 VOCAB, HIDDEN, LAYERS, HEADS, GROUPS, FFN, MAX_POSITIONS = 96, 64, 2, 4, 2, 128, 64
 # Larger than the usual 0.02, so that the logits are far apart and greedy choices are not near-ties.
 INIT_STD = 0.2
+# Built on the CPU even where there is a GPU (the GPU tests move them).
 COMMON = dict(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, hidden_dropout=0.0,
-              attention_dropout=0.0, layernorm_epsilon=1e-5)
+              attention_dropout=0.0, layernorm_epsilon=1e-5, use_cpu_initialization=True)
 
 
 def gpt2_pair(attention_backend: str = "auto"):
@@ -56,7 +57,7 @@ PAIRS = {"gpt2": gpt2_pair, "llama": llama_pair}
 
 def full_forward_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """[b, s, V] logits of one plain forward pass over `tokens` [b, s] (no cache)."""
-    positions = torch.arange(tokens.size(1)).expand_as(tokens)
+    positions = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
     with torch.no_grad():
         return model(tokens, positions, None)
 

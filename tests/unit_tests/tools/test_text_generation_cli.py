@@ -79,7 +79,7 @@ def _reference_model(checkpoint_file):
     config = TransformerConfig(
         num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
         gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False,
-        hidden_dropout=0.0, attention_dropout=0.0,
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
     )
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=384, max_sequence_length=48,
                      position_embedding_type="rope").eval()  # 257 ids padded to a multiple of 128
