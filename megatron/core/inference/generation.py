@@ -18,6 +18,10 @@ from megatron.core.inference.sampling_params import SamplingParams
 def _check_request(model, prompt_tokens, max_new_tokens: int) -> None:
     if not getattr(model, "pre_process", True) or not getattr(model, "post_process", True):
         raise ValueError("generation needs the whole model on one rank: pipeline parallelism is not supported yet")
+    tensor_parallel = getattr(getattr(model, "config", None), "tensor_model_parallel_size", 1)
+    if tensor_parallel != 1:
+        # Each rank's logits would cover only its V/p slice of the vocabulary.
+        raise ValueError(f"generation supports tensor_model_parallel_size 1 only for now, got {tensor_parallel}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not prompt_tokens:

@@ -88,6 +88,17 @@ def test_sampling_is_reproducible_and_stays_in_the_vocabulary(pair):
     assert all(0 <= token < VOCAB - 10 for row in draw[0] for token in row)
 
 
+def test_tensor_and_pipeline_parallel_models_are_refused():
+    _, model = PAIRS["gpt2"]()
+    model.config.tensor_model_parallel_size = 2
+    with pytest.raises(ValueError, match="tensor_model_parallel_size 1 only for now, got 2"):
+        generate_tokens(model, [[1, 2]], 2)
+    model.config.tensor_model_parallel_size = 1
+    model.post_process = False
+    with pytest.raises(ValueError, match="pipeline parallelism is not supported yet"):
+        generate_tokens(model, [[1, 2]], 2)
+
+
 def test_model_mode_is_restored():
     _, model = PAIRS["gpt2"]()
     model.train()
