@@ -15,7 +15,11 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-from megatron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
+from megatron.core.num_microbatches_calculator import (
+    get_current_global_batch_size,
+    get_num_microbatches,
+    update_num_microbatches,
+)
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -134,6 +138,26 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> li
     return [model]
 
 
+def update_train_iters(args) -> None:
+    """Sets `--train-iters` from `--train-samples`, walking the batch-size ramp-up when there is one (the
+    last partial global batch is dropped, as Megatron does)."""
+    if args.train_iters:
+        return
+    if args.rampup_batch_size is None:
+        args.train_iters = args.train_samples // args.global_batch_size
+    else:
+        iterations = consumed = 0
+        while consumed <= int(args.rampup_batch_size[2]) and consumed <= args.train_samples:
+            update_num_microbatches(consumed, consistency_check=False)
+            consumed += get_current_global_batch_size()
+            iterations += 1
+        update_num_microbatches(0, consistency_check=False)
+        if args.train_samples > consumed:
+            iterations += (args.train_samples - consumed) // args.global_batch_size
+        args.train_iters = iterations
+    print_rank_0(f"setting training iterations to {args.train_iters}")
+
+
 def get_optimizer_param_scheduler(optimizer) -> OptimizerParamScheduler:
     """The LR/WD scheduler, with every length converted to samples (Megatron counts samples)."""
     args = get_args()
@@ -149,6 +173,7 @@ def get_optimizer_param_scheduler(optimizer) -> OptimizerParamScheduler:
             else args.lr_warmup_iters * args.global_batch_size
         )
     else:
+        update_train_iters(args)
         if args.lr_decay_samples is None:
             args.lr_decay_samples = args.train_samples
         decay_steps = args.lr_decay_samples

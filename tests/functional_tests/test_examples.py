@@ -40,7 +40,6 @@ TINY_LLAMA_OVERRIDES = TINY_OVERRIDES + [
 # pretrain() cannot yet run sample-based training (--train-samples): it never derives --train-iters from
 # it, as Megatron's update_train_iters does, and crashes building the datasets. Runs that hit exactly
 # this error are reported as expected failures, so they pass by themselves once the training layer does it.
-SAMPLE_BASED_TRAINING_BUG = "unsupported operand type(s) for //: 'NoneType' and 'int'"
 
 
 def _free_port() -> int:
@@ -71,8 +70,6 @@ def _run(command: list[str], cwd, **environment) -> str:
                             env=_environment(**environment))
     output = result.stdout + result.stderr
     if result.returncode != 0:
-        if SAMPLE_BASED_TRAINING_BUG in output:
-            pytest.xfail("pretrain() does not derive --train-iters from --train-samples yet")
         raise AssertionError(f"{' '.join(command)} exited with {result.returncode}\n{output[-6000:]}")
     return output
 

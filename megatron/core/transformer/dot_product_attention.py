@@ -95,6 +95,16 @@ class DotProductAttention(MegatronModule):
 
     def _sdpa(self, q, k, v, attention_mask, causal, dropout_p):
         kernels = _SDPA_KERNELS[self.backend]
+        if kernels and q.device.type != "cuda":
+            # The flash / cuDNN / efficient kernels exist on CUDA only; elsewhere SDPA's own choice computes
+            # the same function. Say so once instead of failing with "No viable backend".
+            if ("cpu-fallback", self.backend) not in _LOGGED_BACKENDS:
+                _LOGGED_BACKENDS.add(("cpu-fallback", self.backend))
+                logger.warning(
+                    "attention_backend=%s needs a CUDA device; using SDPA's default kernel on %s",
+                    self.backend.name, q.device.type,
+                )
+            kernels = None
         with sdpa_kernel(kernels) if kernels else contextlib.nullcontext(), _dropout_rng(dropout_p):
             return F.scaled_dot_product_attention(
                 q,
