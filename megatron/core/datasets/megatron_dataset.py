@@ -123,14 +123,14 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
         self._pad_token_id = resolve_pad_token_id(config.tokenizer, config.allow_ambiguous_pad_tokens)
 
     @staticmethod
+    @abstractmethod
     def numel_low_level_dataset(low_level_dataset: LowLevelDataset) -> int:
         """How many elements the split ratios divide (sequences for GPT, documents for BERT/T5)."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def build_low_level_dataset(dataset_path: str, config: BlendedMegatronDatasetConfig) -> LowLevelDataset:
         """Opens the low-level dataset at `dataset_path`."""
-        raise NotImplementedError
 
     @staticmethod
     def _key_config_attributes() -> list[str]:

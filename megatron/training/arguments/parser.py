@@ -63,7 +63,7 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         _add_deprecated_args,
     ):
         parser = add_group(parser)
-    add_tokenizer_args(parser)
+    add_tokenizer_args(parser, vocab_padding=False)
     add_config_file_arg(parser)
     return parser
 

@@ -27,8 +27,12 @@ def _tokenizer_type(value: str) -> str:
     raise argparse.ArgumentTypeError(f"{value!r} is not a tokenizer type; {hint}choose from {', '.join(TOKENIZER_TYPES)}")
 
 
-def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the "tokenizer" flag group to `parser` and returns it."""
+def add_tokenizer_args(parser: argparse.ArgumentParser, vocab_padding: bool = True) -> argparse.ArgumentParser:
+    """Adds the "tokenizer" flag group to `parser` and returns it.
+
+    `vocab_padding=False` leaves out `--make-vocab-size-divisible-by`, which the training parser registers
+    with the model-size flags, as Megatron-LM does.
+    """
     group = parser.add_argument_group(title="tokenizer")
     group.add_argument("--tokenizer-type", type=_tokenizer_type, default=None, choices=TOKENIZER_TYPES,
                        help="What type of tokenizer to use.")
@@ -63,9 +67,7 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     # Megatron <= v0.16 spelling of today's default; accepted so that old command lines run.
     group.add_argument("--tokenizer-hf-include-special-tokens", dest="tokenizer_hf_include_special_tokens",
                        action="store_true", help=argparse.SUPPRESS)
-    try:
+    if vocab_padding:
         group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                            help="Pad the vocab size to be divisible by this value (times the TP size).")
-    except argparse.ArgumentError:
-        pass  # the training parser registers it with the model-size flags, as Megatron-LM does
     return parser

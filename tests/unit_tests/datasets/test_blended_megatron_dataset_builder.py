@@ -134,6 +134,14 @@ class CountingDataset(MegatronDataset):
     def __getitem__(self, idx):
         return {"value": int(idx)}
 
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset):
+        return len(low_level_dataset)
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path, config):
+        raise AssertionError("CountingDataset has no low-level dataset")
+
 
 def test_oversampled_blend_names_the_surplus():
     config = gpt_config()

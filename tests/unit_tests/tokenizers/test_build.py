@@ -16,8 +16,10 @@ from megatron.training.tokenizer import (
 
 
 def parse(argv, parser=None):
-    parser = parser or argparse.ArgumentParser(allow_abbrev=True)
-    add_tokenizer_args(parser)
+    if parser is None:
+        parser = add_tokenizer_args(argparse.ArgumentParser(allow_abbrev=True))
+    else:  # a parser that already has --make-vocab-size-divisible-by, as the training parser does
+        add_tokenizer_args(parser, vocab_padding=False)
     return parser.parse_args(argv)
 
 
