@@ -99,3 +99,30 @@ def test_codeparrot_tutorial_command_runs(tmp_path, dataset):
     assert os.path.exists(tmp_path / "checkpoints" / "iter_0000004" / "mp_rank_00" / "model_optim_rng.pt")
     with open(tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt") as stream:
         assert stream.read().strip() == "4"
+
+
+def test_exit_signal_handler_saves_and_exits_cleanly(tmp_path, dataset):
+    """SIGTERM with --exit-signal-handler: the run saves a checkpoint at the next iteration and exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from .harness import ROOT
+
+    command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *TINY_GPT, *dataset, "--train-iters", "100000",
+               "--log-interval", "1", "--exit-signal-handler", "--save", str(tmp_path / "ckpt"),
+               "--save-interval", "100000"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if "iteration        3/" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    output.extend(process.stdout)
+    assert process.wait(timeout=120) == 0, "".join(output[-30:])
+    with open(tmp_path / "ckpt" / "latest_checkpointed_iteration.txt") as stream:
+        iteration = int(stream.read())
+    assert 3 <= iteration < 100000
+    assert any("exiting program after receiving signal" in line for line in output)
