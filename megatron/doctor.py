@@ -1,0 +1,89 @@
+"""`python -m megatron doctor`: what this installation will run on, in one screen.
+
+Versions of Python, torch, CUDA, NCCL and Triton; the GPUs; which optional back ends are installed (looked
+up in the package metadata, never imported, so a broken install cannot crash the report); which
+scaled-dot-product-attention kernels torch has enabled; and the environment variables that change how
+distributed runs behave (user-pain-points D3, D6).
+"""
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+
+OPTIONAL_BACKENDS = {
+    "transformer_engine": "transformer-engine",
+    "apex": "apex",
+    "flash_attn": "flash-attn",
+    "torchao": "torchao",
+    "triton": "triton",
+    "nltk": "nltk",
+    "sentencepiece": "sentencepiece",
+    "tiktoken": "tiktoken",
+    "transformers": "transformers",
+    "wandb": "wandb",
+}
+
+ENVIRONMENT_VARIABLES = [
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+    "NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE", "GLOO_SOCKET_IFNAME", "TORCH_NCCL_AVOID_RECORD_STREAMS",
+    "TORCH_DISTRIBUTED_DEBUG", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM", "NLTK_DATA",
+]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report() -> list[str]:
+    """The lines `doctor` prints."""
+    import torch
+
+    import megatron
+
+    lines = [
+        f"megatron        {megatron.__version__} ({os.path.dirname(megatron.__file__)})",
+        f"python          {platform.python_version()} ({sys.executable})",
+        f"torch           {torch.__version__}",
+    ]
+    if torch.cuda.is_available():
+        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+        lines.append(f"cuda            {torch.version.cuda}, NCCL {nccl}, {torch.cuda.device_count()} GPU(s)")
+        for index in range(torch.cuda.device_count()):
+            properties = torch.cuda.get_device_properties(index)
+            lines.append(
+                f"  gpu {index}         {properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
+                f"compute capability {properties.major}.{properties.minor}"
+            )
+        kernels = {
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+        }
+        enabled = ", ".join(name for name, on in kernels.items() if on)
+        lines.append(f"attention       torch SDPA, kernels enabled: {enabled}")
+        lines.append("distributed     nccl")
+    else:
+        lines.append("cuda            not available: CPU only (gloo backend, fp32/bf16)")
+        lines.append("attention       torch SDPA (CPU kernels)")
+        lines.append("distributed     gloo")
+    lines.append("optional packages:")
+    for module, distribution in OPTIONAL_BACKENDS.items():
+        version = _version(distribution) if importlib.util.find_spec(module) is not None else None
+        lines.append(f"  {module:<20}{version or 'not installed'}")
+    lines.append("environment:")
+    for name in ENVIRONMENT_VARIABLES:
+        if name in os.environ:
+            lines.append(f"  {name}={os.environ[name]}")
+    return lines
+
+
+def main(argv=None) -> int:
+    print("\n".join(report()))
+    return 0
