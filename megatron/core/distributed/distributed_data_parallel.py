@@ -2,16 +2,28 @@
 
 Backward accumulates every parameter's gradient into `param.main_grad` (a view into a flat buffer,
 fp32 for bf16 params with `grad_reduce_in_fp32`) and frees `param.grad`, so gradients of several
-microbatches add up in place. After the last microbatch `finish_grad_sync()` (called by
-`finalize_model_grads`) all-reduces the buffers over data x context parallel ranks, giving each rank
+microbatches add up in place. The buffers are then reduced over the data x context parallel ranks,
+giving each rank
 
     main_grad = sum over DP x CP ranks r of (1 / (dp x cp)) * g_r        (the mean gradient)
 
-by pre-scaling with 1/(dp x cp) (or averaging in the collective with `average_in_collective`).
+by pre-scaling with 1/(dp x cp) (or averaging in the collective with `average_in_collective`); with the
+distributed optimizer by a reduce-scatter, after which rank r holds only its shard of the mean.
 Expert-parallel params (`allreduce=False`) have their own buffers, reduced over the expert
 data-parallel group with factor edp/(dp x cp) * 1/edp = 1/(dp x cp) as well.
+
+When the reduction happens:
+    no overlap               `finish_grad_sync()` (from `finalize_model_grads`) reduces every bucket.
+    overlap_grad_reduce      during the last microbatch's backward: a bucket's reduction is launched
+                             asynchronously by the gradient hook of its last param to receive a gradient;
+                             `finish_grad_sync()` waits. Microbatches before the last run under `no_sync()`,
+                             which only accumulates.
+With the distributed optimizer the optimizer step updates this rank's shard of the param buffer and the
+params are all-gathered: at once, or with overlap_param_gather bucket by bucket from forward pre-hooks
+of the next forward (see param_and_grad_bucket.py).
 """
 
+import logging
 from contextlib import contextmanager
 from typing import Dict, List
 
@@ -22,9 +34,11 @@ from .. import parallel_state
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_buffer import _ParamAndGradBuffer
 
+logger = logging.getLogger(__name__)
+
 
 def _accumulate_into_main_grad(param: torch.nn.Parameter) -> None:
-    """Post-accumulate-grad hook: main_grad += grad, then free grad."""
+    """main_grad += grad, then free grad."""
     grad = param.grad
     if grad is None:
         return
@@ -38,8 +52,21 @@ def _accumulate_into_main_grad(param: torch.nn.Parameter) -> None:
     param.grad = None
 
 
+def default_bucket_size(ddp_config: DistributedDataParallelConfig, data_parallel_size: int):
+    """Elements per bucket: Megatron's max(4e7, 1e6 x dp) unless given; one bucket without overlap.
+
+    Without overlap_grad_reduce every bucket is reduced after backward anyway, so Megatron-LM keeps one
+    bucket per buffer and ignores `bucket_size` (which also fixes the distributed optimizer's layout).
+    """
+    if not ddp_config.overlap_grad_reduce:
+        return None
+    if ddp_config.bucket_size is not None:
+        return ddp_config.bucket_size
+    return max(40_000_000, 1_000_000 * data_parallel_size)
+
+
 class DistributedDataParallel(torch.nn.Module):
-    """Wraps `module`; its params get `main_grad` buffers that `finish_grad_sync` all-reduces.
+    """Wraps `module`; its params get `main_grad` buffers that are reduced over data-parallel ranks.
 
     `config` is the model's TransformerConfig (read: `calculate_per_token_loss`, and in
     `finalize_model_grads` `sequence_parallel`, `qk_layernorm`, `timers`). `disable_bucketing` puts each
@@ -76,32 +103,37 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             dense_scaling, expert_scaling = 1.0 / dp_cp_size, 1.0 / dp_cp_size
 
-        self.bucket_size = ddp_config.bucket_size
+        if ddp_config.bucket_size is not None and not ddp_config.overlap_grad_reduce:
+            logger.warning("bucket_size (--ddp-bucket-size) only acts with overlap_grad_reduce "
+                           "(--overlap-grad-reduce): using one bucket per buffer, as Megatron-LM does")
+        self.bucket_size = default_bucket_size(ddp_config, parallel_state.get_data_parallel_world_size())
         if disable_bucketing or parallel_state.get_pipeline_model_parallel_rank() > 0:
             self.bucket_size = None
 
         self.params_with_grad = [param for param in module.parameters() if param.requires_grad]
-        param_to_name = {param: name for name, param in module.named_parameters() if param.requires_grad}
+        self.param_to_name = {param: name for name, param in module.named_parameters() if param.requires_grad}
         dense_params = [param for param in self.params_with_grad if getattr(param, "allreduce", True)]
         expert_params = [param for param in self.params_with_grad if not getattr(param, "allreduce", True)]
-        self.buffers = self._allocate_buffers(dense_params, self.dp_cp_group, dense_scaling, param_to_name)
-        self.expert_parallel_buffers = self._allocate_buffers(
-            expert_params, self.expert_dp_group, expert_scaling, param_to_name
-        )
+        self.buffers = self._allocate_buffers(dense_params, self.dp_cp_group, dense_scaling)
+        self.expert_parallel_buffers = self._allocate_buffers(expert_params, self.expert_dp_group, expert_scaling)
+        self.param_to_bucket = {
+            param: bucket
+            for buffer in self.buffers + self.expert_parallel_buffers
+            for param, bucket in buffer.param_to_bucket.items()
+        }
 
+        self._grad_sync_enabled = True
         self._hook_handles = []
         for param in self.params_with_grad:
             param.grad_added_to_main_grad = False
-            self._hook_handles.append(param.register_post_accumulate_grad_hook(_accumulate_into_main_grad))
-        self._grad_sync_enabled = True
-        self._grads_reduced = False
+            self._hook_handles.append(param.register_post_accumulate_grad_hook(self._gradient_hook))
+        self.use_forward_hook = ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather
+        self._forward_pre_hook_handles = []
+        if self.use_forward_hook:
+            self.enable_forward_pre_hook()
 
     def _allocate_buffers(
-        self,
-        params: List[torch.nn.Parameter],
-        data_parallel_group,
-        gradient_scaling_factor: float,
-        param_to_name: Dict[torch.nn.Parameter, str],
+        self, params: List[torch.nn.Parameter], data_parallel_group, gradient_scaling_factor: float
     ) -> List[_ParamAndGradBuffer]:
         """One buffer per (param dtype, grad dtype), params kept in module order within each."""
         params_by_dtype: Dict[tuple, List[torch.nn.Parameter]] = {}
@@ -111,56 +143,99 @@ class DistributedDataParallel(torch.nn.Module):
         return [
             _ParamAndGradBuffer(
                 self.ddp_config, param_dtype, grad_dtype, dtype_params, data_parallel_group,
-                self.bucket_size, param_to_name, gradient_scaling_factor,
+                self.bucket_size, self.param_to_name, gradient_scaling_factor,
             )
             for (param_dtype, grad_dtype), dtype_params in params_by_dtype.items()
         ]
+
+    @property
+    def _all_buffers(self) -> List[_ParamAndGradBuffer]:
+        return self.buffers + self.expert_parallel_buffers
+
+    def _gradient_hook(self, param: torch.nn.Parameter) -> None:
+        """After autograd accumulated `param.grad` (once per backward, however often the param was used)."""
+        _accumulate_into_main_grad(param)
+        if self.ddp_config.overlap_grad_reduce and self._grad_sync_enabled:
+            self.param_to_bucket[param].register_grad_ready(param, self.param_to_name[param])
+
+    def _forward_pre_hook(self, module: torch.nn.Module, *unused) -> None:
+        """Waits for (and if needed launches) the all-gather of every bucket holding one of `module`'s params."""
+        for param in module.parameters(recurse=False):
+            bucket = self.param_to_bucket.get(param)
+            if bucket is not None:
+                bucket.finish_param_sync()
+
+    def enable_forward_pre_hook(self) -> None:
+        """Registers the pre-hooks that overlap the param all-gathers with forward (overlap_param_gather)."""
+        if not self.use_forward_hook:
+            raise ValueError("forward pre-hooks gather params for use_distributed_optimizer with overlap_param_gather")
+        if self._forward_pre_hook_handles:
+            raise RuntimeError("the forward pre-hooks are enabled already")
+        self._forward_pre_hook_handles = [
+            module.register_forward_pre_hook(self._forward_pre_hook) for module in self.module.modules()
+        ]
+
+    def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
+        """Removes the pre-hooks; with `param_sync` first makes every param whole (before eval or a save)."""
+        if not self.use_forward_hook:
+            raise ValueError("forward pre-hooks gather params for use_distributed_optimizer with overlap_param_gather")
+        for handle in self._forward_pre_hook_handles:
+            handle.remove()
+        self._forward_pre_hook_handles = []
+        if param_sync:
+            self.start_param_sync(force_sync=True)
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
     @contextmanager
     def no_sync(self):
-        """Gradients accumulate locally inside; `start_grad_sync` does nothing until the context exits."""
+        """Gradients accumulate locally inside; no reduction is launched until the context exits."""
         self._grad_sync_enabled = False
         try:
             yield
         finally:
             self._grad_sync_enabled = True
 
-    def _reduce_all_buffers(self) -> None:
-        for buffer in self.buffers + self.expert_parallel_buffers:
-            buffer.all_reduce_gradients()
-
     def start_grad_sync(self, *unused) -> None:
-        """All-reduces the gradients now (a no-op inside `no_sync`); `finish_grad_sync` then only completes."""
+        """Launches the reduction of every bucket not launched yet (a no-op inside `no_sync`); asynchronous
+        with overlap_grad_reduce. `finish_grad_sync` completes it."""
         if not self._grad_sync_enabled:
             return
-        if self._grads_reduced:
-            raise RuntimeError(
-                "start_grad_sync was called twice without finish_grad_sync: the gradients would be reduced twice"
-            )
-        self._reduce_all_buffers()
-        self._grads_reduced = True
+        for buffer in self._all_buffers:
+            buffer.start_grad_sync(async_op=self.ddp_config.overlap_grad_reduce)
 
     def finish_grad_sync(self) -> None:
-        """Makes sure the gradients of this iteration are all-reduced exactly once; call before the optimizer."""
-        if not self._grads_reduced:
-            self._reduce_all_buffers()
-        self._grads_reduced = False
+        """Completes this iteration's gradient reduction (each gradient is reduced exactly once per call,
+        however much of it backward launched already); call before the optimizer."""
+        for buffer in self._all_buffers:
+            buffer.finish_grad_sync()
+
+    def start_param_sync(self, *unused, force_sync: bool = False) -> None:
+        """All-gathers the params after a distributed-optimizer step (no-op without one).
+
+        With overlap_param_gather the gathers are left to the next forward's pre-hooks; `force_sync`
+        makes every param whole now instead (waiting for gathers in flight).
+        """
+        if not self.ddp_config.use_distributed_optimizer:
+            return
+        for buffer in self._all_buffers:
+            if force_sync:
+                buffer.complete_param_sync()
+            else:
+                buffer.start_param_sync()
 
     def scale_gradients(self, scaling_factor: float) -> None:
         """Multiplies all gradients in the buffers by `scaling_factor`."""
-        for buffer in self.buffers + self.expert_parallel_buffers:
+        for buffer in self._all_buffers:
             buffer.scale_gradients(scaling_factor)
 
     def zero_grad_buffer(self) -> None:
         """Zeros all gradient buffers; call at the start of every iteration."""
         for param in self.params_with_grad:
             param.grad_added_to_main_grad = False
-        for buffer in self.buffers + self.expert_parallel_buffers:
+        for buffer in self._all_buffers:
             buffer.reset()
-        self._grads_reduced = False
 
     def broadcast_params(self) -> None:
         """Copies every param from the first rank of its data-parallel group to the others."""

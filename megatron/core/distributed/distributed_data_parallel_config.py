@@ -13,17 +13,20 @@ class DistributedDataParallelConfig:
     it on for bf16 unless `--grad-reduce-in-bf16`)."""
 
     overlap_grad_reduce: bool = False
-    """Overlap the gradient all-reduce with the backward pass (`--overlap-grad-reduce`): not supported yet."""
+    """Launch each bucket's reduction during the last microbatch's backward, as soon as its gradients are
+    complete (`--overlap-grad-reduce`)."""
 
     overlap_param_gather: bool = False
-    """Overlap the parameter all-gather with the forward pass (`--overlap-param-gather`): not supported yet."""
+    """Gather the distributed optimizer's updated params bucket by bucket during the next forward
+    (`--overlap-param-gather`); needs `use_distributed_optimizer`."""
 
     align_param_gather: bool = False
     """Launch the parameter all-gathers of all pipeline stages together; only acts with
     `overlap_param_gather`, so on its own (the training layer sets it under virtual pipelining) it is a no-op."""
 
     use_distributed_optimizer: bool = False
-    """Reduce-scatter gradients for a sharded optimizer (`--use-distributed-optimizer`): not supported yet."""
+    """Pad the buffers for sharding, keep the params in a buffer too, and reduce-scatter the gradients for
+    the distributed optimizer (`--use-distributed-optimizer`)."""
 
     num_distributed_optimizer_instances: int = 1
     """Distributed-optimizer replicas within the data-parallel group: only 1 is supported."""
@@ -35,7 +38,8 @@ class DistributedDataParallelConfig:
     """Flag unexpectedly large gradients before the all-reduce: not supported yet."""
 
     bucket_size: Optional[int] = None
-    """Parameters per communication bucket; None puts each buffer in one bucket."""
+    """Elements per communication bucket with `overlap_grad_reduce` (None: max(4e7, 1e6 x dp)); without
+    overlap every buffer is one bucket."""
 
     average_in_collective: bool = False
     """Average in the collective (ReduceOp.AVG) instead of pre-scaling gradients by 1/data-parallel size."""
@@ -48,9 +52,6 @@ class DistributedDataParallelConfig:
 
     def __post_init__(self):
         unsupported = [
-            ("overlap_grad_reduce", "--overlap-grad-reduce"),
-            ("overlap_param_gather", "--overlap-param-gather"),
-            ("use_distributed_optimizer", "--use-distributed-optimizer"),
             ("check_for_large_grads", "--check-for-large-grads"),
             ("fp8_param_gather", "--fp8-param-gather"),
             ("use_megatron_fsdp", "--use-megatron-fsdp"),
@@ -58,9 +59,13 @@ class DistributedDataParallelConfig:
         problems = [f"{name} ({flag}) is not supported yet" for name, flag in unsupported if getattr(self, name)]
         if self.num_distributed_optimizer_instances != 1:
             problems.append(
-                f"num_distributed_optimizer_instances must be 1 (no distributed optimizer yet), "
-                f"got {self.num_distributed_optimizer_instances}"
+                f"num_distributed_optimizer_instances must be 1 (partial distributed optimizers "
+                f"(--num-distributed-optimizer-instances) are not supported yet), got "
+                f"{self.num_distributed_optimizer_instances}"
             )
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            problems.append("overlap_param_gather (--overlap-param-gather) needs use_distributed_optimizer "
+                            "(--use-distributed-optimizer): only its params are gathered")
         if self.bucket_size is not None and self.bucket_size <= 0:
             problems.append(f"bucket_size (--ddp-bucket-size) must be positive, got {self.bucket_size}")
         if problems:

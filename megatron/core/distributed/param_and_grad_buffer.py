@@ -1,14 +1,12 @@
-"""Contiguous gradient buffers and their communication buckets.
+"""Contiguous gradient (and parameter) buffers, cut into communication buckets.
 
-All params of one (param dtype, grad dtype) pair share one flat grad buffer, laid out in REVERSE
-parameter order (roughly the order backward produces gradients), and each param's `main_grad` is a
-view into it:
+All params of one (param dtype, grad dtype) pair share one flat grad buffer; each param's `main_grad`
+is a view into it. With the distributed optimizer there is a param buffer of the same layout too, and
+`param.data` itself becomes a view into it, so that one all-gather per bucket refreshes the params:
 
-    grad_data  [ p_n | p_n-1 | ... | p_2 | p_1 ]        (numel = sum of param sizes, no padding)
-               |<- bucket 0 ->|<- bucket 1 ->|...       each bucket closes once it holds >= bucket_size
-
-A bucket is what one collective reduces; with overlap (a later change) each bucket's all-reduce starts
-as soon as backward has produced all of its gradients.
+    grad_data   [ p_n | p_n-1 | ... | p_1 ]       layout and padding: buffer_layout.py
+    param_data  [ p_n | p_n-1 | ... | p_1 ]       (distributed optimizer only)
+                |<- bucket 0 ->|<- bucket 1 ->|   the collectives: param_and_grad_bucket.py
 """
 
 import logging
@@ -17,41 +15,20 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from .buffer_layout import compute_buffer_layout
 from .distributed_data_parallel_config import DistributedDataParallelConfig
+from .param_and_grad_bucket import _ParamAndGradBucket
 
 logger = logging.getLogger(__name__)
 
 
-class _ParamAndGradBucket:
-    """The grads of `params`, a contiguous `grad_data` slice starting at `offset` in the buffer."""
-
-    def __init__(
-        self,
-        params: List[torch.nn.Parameter],
-        grad_data: torch.Tensor,
-        offset: int,
-        gradient_scaling_factor: float,
-        bucket_id: int,
-    ):
-        self.params_list = params
-        self.params = set(params)
-        self.grad_data = grad_data
-        self.offset = offset
-        self.numel_unpadded = grad_data.numel()
-        self.gradient_scaling_factor = gradient_scaling_factor
-        self.bucket_id = bucket_id
-        self.param_to_index = {}
-        start = 0
-        for param in params:
-            self.param_to_index[param] = (start, start + param.numel())
-            start += param.numel()
-
-
 class _ParamAndGradBuffer:
-    """One flat grad buffer for `params` (all of `param_dtype`), split into buckets of ~`bucket_size`.
+    """One flat grad buffer (and param buffer with the distributed optimizer) for `params`, all of
+    `param_dtype`, split into buckets of ~`bucket_size` elements (None: one bucket).
 
     `gradient_scaling_factor` multiplies the gradients before the collective: 1/data-parallel size for
     a mean by summation, 1 when the collective averages or the loss is normalised per token.
+    `param_index_map[param]` = (start, end, bucket id) in the buffer.
     """
 
     def __init__(
@@ -77,38 +54,54 @@ class _ParamAndGradBuffer:
         if len(devices) != 1:
             found = sorted(map(str, devices))
             raise ValueError(f"DistributedDataParallel needs all params on one device, found {found}")
+        device = devices.pop()
 
-        # Lay params out back to front and cut a bucket whenever it reaches bucket_size elements.
-        self.param_index_map = {}  # param -> (start, end, bucket id) in grad_data
-        bucket_ranges = []  # (start, end, params) per bucket
-        bucket_start, offset, bucket_params = 0, 0, []
-        for param in reversed(params):
-            end = offset + param.numel()
-            self.param_index_map[param] = (offset, end, len(bucket_ranges))
-            bucket_params.append(param)
-            offset = end
-            if bucket_size is not None and end - bucket_start >= bucket_size:
-                bucket_ranges.append((bucket_start, end, bucket_params))
-                bucket_start, bucket_params = end, []
-        if bucket_params:
-            bucket_ranges.append((bucket_start, offset, bucket_params))
-
-        self.numel = offset
-        self.numel_unpadded = offset
-        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype, device=devices.pop())
+        layout = compute_buffer_layout(
+            [param.numel() for param in params],
+            bucket_size,
+            self.data_parallel_world_size,
+            ddp_config.use_distributed_optimizer,
+            [getattr(param, "shared_embedding", False) for param in params],
+        )
+        self.numel = layout.numel
+        self.numel_unpadded = layout.numel_unpadded
+        self.param_index_map = {param: layout.param_ranges[index] for index, param in enumerate(params)}
+        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype, device=device)
+        self.param_data = None
+        if ddp_config.use_distributed_optimizer:
+            self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)
         for param in params:
             start, end, _ = self.param_index_map[param]
+            if self.param_data is not None:
+                initial = param.data
+                param.data = self.param_data[start:end].view(param.shape)
+                param.data.copy_(initial)
             param.main_grad = self.grad_data[start:end].view(param.shape)
+
         self.buckets = [
-            _ParamAndGradBucket(bucket_params, self.grad_data[start:end], start, gradient_scaling_factor, bucket_id)
-            for bucket_id, (start, end, bucket_params) in enumerate(bucket_ranges)
+            _ParamAndGradBucket(
+                [params[index] for index in bucket.param_indices],
+                None if self.param_data is None else self.param_data[bucket.start : bucket.end],
+                self.grad_data[bucket.start : bucket.end],
+                bucket.start,
+                bucket.numel_unpadded,
+                gradient_scaling_factor,
+                bucket.bucket_id,
+                ddp_config,
+                data_parallel_group,
+                self.param_index_map,
+            )
+            for bucket in layout.buckets
         ]
+        # Forward uses the buckets back to front (the last bucket holds the first params).
+        for earlier, later in zip(self.buckets, self.buckets[1:]):
+            later.next_param_gather_bucket = earlier
         self.param_to_bucket = {param: bucket for bucket in self.buckets for param in bucket.params_list}
         logger.info(
-            "number of buckets for gradient all-reduce (%s params, %s grads): %d\n%s",
+            "number of buckets for gradient all-reduce / reduce-scatter (%s params, %s grads): %d\n%s",
             param_dtype, grad_dtype, len(self.buckets),
             "\n".join(
-                f"bucket {bucket.bucket_id} ({bucket.grad_data.numel()} elements): "
+                f"bucket {bucket.bucket_id} ({bucket.numel_unpadded} elements, {bucket.grad_data.numel()} padded): "
                 + ", ".join(param_to_name[param] for param in bucket.params_list)
                 for bucket in self.buckets
             ),
@@ -119,32 +112,44 @@ class _ParamAndGradBuffer:
         self.grad_data *= scaling_factor
 
     def reset(self) -> None:
-        """Zeros the gradients (start of an iteration)."""
+        """Zeros the gradients and starts a new reduction round (start of an iteration)."""
+        for bucket in self.buckets:
+            bucket.reset()
         self.grad_data.zero_()
 
-    def _check_grads_are_finite(self) -> None:
+    def start_grad_sync(self, async_op: bool) -> None:
+        """Launches the reduction of every bucket that backward has not launched yet."""
+        for bucket in self.buckets:
+            if not bucket.grad_reduce_started:
+                bucket.start_grad_sync(async_op)
+
+    def finish_grad_sync(self) -> None:
+        """Completes every bucket's reduction (launching those not launched yet), then checks for nan/inf."""
+        for bucket in self.buckets:
+            bucket.finish_grad_sync()
+        if self.ddp_config.check_for_nan_in_grad:
+            self._check_local_grads_were_finite()
+
+    def _check_local_grads_were_finite(self) -> None:
         # One stacked check per buffer, so the host waits for the device once, not once per bucket.
-        norms = torch.stack([bucket.grad_data.norm(p=2) for bucket in self.buckets])
+        norms = torch.stack([bucket.local_grad_norm for bucket in self.buckets])
         if torch.isfinite(norms).all():
             return
         bad = next(bucket for bucket, norm in zip(self.buckets, norms) if not torch.isfinite(norm))
         names = ", ".join(self.param_to_name[param] for param in bad.params_list)
         raise RuntimeError(
             f"rank {dist.get_rank()}: found {norms[bad.bucket_id].item()} in the local gradient norm of bucket "
-            f"{bad.bucket_id} ({names}) in the backward pass, before the data-parallel all-reduce"
+            f"{bad.bucket_id} ({names}) in the backward pass, before the data-parallel reduction"
         )
 
-    def all_reduce_gradients(self) -> None:
-        """Scales and all-reduces every bucket over the data-parallel group (synchronously)."""
-        if self.ddp_config.check_for_nan_in_grad:
-            self._check_grads_are_finite()
-        average = self.ddp_config.average_in_collective
-        # gloo has no ReduceOp.AVG: sum, then divide by the group size, which is the same mean.
-        emulate_average = average and dist.get_backend(self.data_parallel_group) == "gloo"
-        op = dist.ReduceOp.AVG if average and not emulate_average else dist.ReduceOp.SUM
+    def start_param_sync(self, force_sync: bool = False) -> None:
+        """After a distributed-optimizer step: gathers every bucket's params from their owners now, or with
+        overlap_param_gather (unless `force_sync`) leaves the gathers to the next forward's pre-hooks."""
+        defer = self.ddp_config.overlap_param_gather and not force_sync
         for bucket in self.buckets:
-            if bucket.gradient_scaling_factor != 1.0:
-                bucket.grad_data *= bucket.gradient_scaling_factor
-            dist.all_reduce(bucket.grad_data, op=op, group=self.data_parallel_group)
-            if emulate_average:
-                bucket.grad_data /= self.data_parallel_world_size
+            bucket.request_param_gather(defer)
+
+    def complete_param_sync(self) -> None:
+        """Makes every param whole now (waits for gathers in flight, runs the deferred ones)."""
+        for bucket in self.buckets:
+            bucket.complete_param_gather()

@@ -3,6 +3,9 @@
     fp32 params                 FP32Optimizer(AdamW or SGD)
     --bf16 / --fp16             Float16OptimizerWithFloat16Params (fp32 main params), with a
                                 DynamicGradScaler under --fp16 (ConstantGradScaler with --loss-scale)
+    --use-distributed-optimizer DistributedOptimizer(AdamW): main params and Adam state sharded over
+                                data-parallel ranks (any precision; the model must be wrapped in
+                                DistributedDataParallel with use_distributed_optimizer)
     expert-parallel params too  ChainedOptimizer([dense optimizer, expert optimizer])
 
 Adam is `torch.optim.AdamW` (decoupled weight decay, as Megatron's FusedAdam in AdamW mode), fused into
@@ -16,6 +19,7 @@ import torch
 
 from .. import parallel_state
 from .chained_optimizer import ChainedOptimizer
+from .distrib_optimizer import DistributedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from .optimizer import FP32Optimizer, Float16OptimizerWithFloat16Params, MegatronOptimizer, MixedPrecisionOptimizer
 from .optimizer_config import OptimizerConfig
@@ -24,6 +28,7 @@ from .param_groups import get_param_groups, set_min_and_max_lr
 __all__ = [
     "ChainedOptimizer",
     "ConstantGradScaler",
+    "DistributedOptimizer",
     "DynamicGradScaler",
     "FP32Optimizer",
     "Float16OptimizerWithFloat16Params",
@@ -44,12 +49,10 @@ def _params_device(param_groups: List[Dict]) -> torch.device:
     return devices.pop()
 
 
-def _build_optimizer(config: OptimizerConfig, param_groups: List[Dict]) -> MegatronOptimizer:
-    """Wraps an AdamW/SGD over `param_groups` in the precision wrapper `config` asks for."""
-    device = _params_device(param_groups)
+def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: torch.device):
     if config.optimizer == "adam":
         adam_class = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
-        inner = adam_class(
+        return adam_class(
             param_groups,
             lr=config.lr,
             weight_decay=config.weight_decay,
@@ -59,17 +62,14 @@ def _build_optimizer(config: OptimizerConfig, param_groups: List[Dict]) -> Megat
             # (foreach) implementation is used.
             **({"fused": True} if device.type == "cuda" else {}),
         )
-    else:
-        inner = torch.optim.SGD(
-            param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum
-        )
+    return torch.optim.SGD(param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum)
 
-    if not (config.fp16 or config.bf16):
-        return FP32Optimizer(inner, config)
+
+def _grad_scaler(config: OptimizerConfig, device: torch.device) -> Optional[MegatronGradScaler]:
     if config.loss_scale is not None:
-        grad_scaler = ConstantGradScaler(config.loss_scale, device=device)
-    elif config.fp16:
-        grad_scaler = DynamicGradScaler(
+        return ConstantGradScaler(config.loss_scale, device=device)
+    if config.fp16:
+        return DynamicGradScaler(
             initial_scale=config.initial_loss_scale,
             min_scale=config.min_loss_scale,
             growth_factor=2.0,
@@ -78,9 +78,48 @@ def _build_optimizer(config: OptimizerConfig, param_groups: List[Dict]) -> Megat
             hysteresis=config.hysteresis,
             device=device,
         )
-    else:
-        grad_scaler = None
-    return Float16OptimizerWithFloat16Params(inner, config, grad_scaler)
+    return None
+
+
+def _build_optimizer(
+    config: OptimizerConfig, param_groups: List[Dict], model_chunks: List[torch.nn.Module], is_expert_parallel: bool
+) -> MegatronOptimizer:
+    """Wraps an AdamW/SGD over `param_groups` in the precision (or distributed) wrapper `config` asks for."""
+    device = _params_device(param_groups)
+    inner = _inner_optimizer(config, param_groups, device)
+    if config.use_distributed_optimizer:
+        buffer_attribute = "expert_parallel_buffers" if is_expert_parallel else "buffers"
+        buffers = [buffer for chunk in model_chunks for buffer in getattr(chunk, buffer_attribute)]
+        group_gloo = (
+            parallel_state.get_expert_data_parallel_group_gloo()
+            if is_expert_parallel
+            else parallel_state.get_data_parallel_group_gloo(with_context_parallel=True)
+        )
+        return DistributedOptimizer(inner, config, _grad_scaler(config, device), model_chunks, buffers, group_gloo)
+    if not (config.fp16 or config.bf16):
+        return FP32Optimizer(inner, config)
+    return Float16OptimizerWithFloat16Params(inner, config, _grad_scaler(config, device))
+
+
+def _check_distributed_optimizer_setup(config: OptimizerConfig, model_chunks: List[torch.nn.Module]) -> None:
+    """The optimizer and DDP must agree on --use-distributed-optimizer: each needs what the other does."""
+    ddp_configs = [getattr(chunk, "ddp_config", None) for chunk in model_chunks]
+    sharded = [ddp_config is not None and ddp_config.use_distributed_optimizer for ddp_config in ddp_configs]
+    if config.use_distributed_optimizer and not all(sharded):
+        raise ValueError(
+            "use_distributed_optimizer (--use-distributed-optimizer) needs every model chunk wrapped in "
+            "DistributedDataParallel with DistributedDataParallelConfig(use_distributed_optimizer=True)"
+        )
+    if any(sharded) and not config.use_distributed_optimizer:
+        raise ValueError(
+            "the model's DistributedDataParallelConfig has use_distributed_optimizer=True (gradients are "
+            "reduce-scattered, each rank keeps only its shard): set OptimizerConfig.use_distributed_optimizer too"
+        )
+    if config.use_distributed_optimizer and config.optimizer != "adam":
+        raise ValueError(
+            f"the distributed optimizer (--use-distributed-optimizer) supports --optimizer adam only, got "
+            f"--optimizer {config.optimizer}"
+        )
 
 
 def get_megatron_optimizer(
@@ -101,6 +140,7 @@ def get_megatron_optimizer(
         raise ValueError("OptimizerConfig.lr (--lr) must be set to build the optimizer")
     if config.decoupled_min_lr is not None and config.decoupled_lr is None:
         raise ValueError("decoupled_min_lr (--decoupled-min-lr) needs decoupled_lr (--decoupled-lr)")
+    _check_distributed_optimizer_setup(config, model_chunks)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         logger.info("setting up optimizer with %s", config)
 
@@ -115,12 +155,13 @@ def get_megatron_optimizer(
     expert_groups = [group for group in param_groups if group["is_expert_parallel"]]
     optimizers = []
     if dense_groups:
-        optimizers.append(_build_optimizer(config, dense_groups))
+        optimizers.append(_build_optimizer(config, dense_groups, model_chunks, is_expert_parallel=False))
     if expert_groups:
-        expert_optimizer = _build_optimizer(config, expert_groups)
+        expert_optimizer = _build_optimizer(config, expert_groups, model_chunks, is_expert_parallel=True)
         if parallel_state.model_parallel_is_initialized():
-            expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
-            expert_optimizer.grad_stats_parallel_group = expert_group
             expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
+            if not config.use_distributed_optimizer:  # which reduces its statistics over all ranks already
+                expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+                expert_optimizer.grad_stats_parallel_group = expert_group
         optimizers.append(expert_optimizer)
     return optimizers[0] if len(optimizers) == 1 else ChainedOptimizer(optimizers)

@@ -10,7 +10,7 @@ backs off every loss scaler.
 """
 
 import math
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -76,6 +76,22 @@ class ChainedOptimizer(MegatronOptimizer):
 
     def state_dict(self) -> list:
         return [optimizer.state_dict() for optimizer in self.chained_optimizers]
+
+    def get_parameter_state_dp_zero(self) -> list:
+        """The distributed optimizers' gathered param states, one entry per sub-optimizer (None for a
+        sub-optimizer that is not distributed), as Megatron's `distrib_optim.pt` of a chained optimizer."""
+        return [
+            optimizer.get_parameter_state_dp_zero() if hasattr(optimizer, "get_parameter_state_dp_zero") else None
+            for optimizer in self.chained_optimizers
+        ]
+
+    def load_parameter_state_from_dp_zero(self, state_dict: Optional[list]) -> None:
+        """Scatters `get_parameter_state_dp_zero()` output (given on data-parallel rank 0, None elsewhere)."""
+        for index, optimizer in enumerate(self.chained_optimizers):
+            if hasattr(optimizer, "load_parameter_state_from_dp_zero"):
+                # An entry missing on rank 0 becomes None, which the sub-optimizer reports on every rank.
+                saved = state_dict[index] if state_dict is not None and index < len(state_dict) else None
+                optimizer.load_parameter_state_from_dp_zero(saved)
 
     def load_state_dict(self, state_dict: list) -> None:
         if len(state_dict) != len(self.chained_optimizers):

@@ -42,6 +42,13 @@ logger = logging.getLogger(__name__)
 _LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
 
 
+def copy_layout_attributes(main_param: torch.Tensor, model_param: torch.nn.Parameter) -> None:
+    """Gives a main param (or shard of one) the layout attributes of its model param."""
+    for attribute in _LAYOUT_ATTRIBUTES:
+        if hasattr(model_param, attribute):
+            setattr(main_param, attribute, getattr(model_param, attribute))
+
+
 def _zero_grads(params: List[torch.nn.Parameter], set_to_none: bool) -> None:
     for param in params:
         if param.grad is None:
@@ -219,6 +226,15 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def reload_model_params(self) -> None:
         self._copy_model_params_to_main_params()
 
+    def _load_grad_scaler_state(self, state_dict: dict) -> None:
+        if "grad_scaler" not in state_dict:
+            if self.config.fp16:
+                logger.warning("checkpoint has no grad scaler state: keeping the initial loss scale")
+        elif self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(state_dict["grad_scaler"])
+        else:
+            logger.warning("checkpoint has grad scaler state but this run uses no loss scaling: ignoring it")
+
     def _unscale_main_grads_and_check_for_nan(self) -> bool:
         main_grads = self._collect_main_grads()
         found_inf = torch.zeros(1, dtype=torch.float, device=self.grad_scaler.scale.device)
@@ -292,9 +308,7 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
                     continue
                 if param.dtype in (torch.float16, torch.bfloat16):
                     main_param = param.detach().clone().float()
-                    for attribute in _LAYOUT_ATTRIBUTES:
-                        if hasattr(param, attribute):
-                            setattr(main_param, attribute, getattr(param, attribute))
+                    copy_layout_attributes(main_param, param)
                     param_group["params"][index] = main_param
                     param.main_param = main_param
                     if param in self.optimizer.state:
@@ -366,14 +380,7 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
         order = reorder_saved_param_groups(self.optimizer.param_groups, optimizer_state["param_groups"])
         optimizer_state = dict(optimizer_state, param_groups=[optimizer_state["param_groups"][i] for i in order])
         self.optimizer.load_state_dict(optimizer_state)
-
-        if "grad_scaler" not in state_dict:
-            if self.config.fp16:
-                logger.warning("checkpoint has no grad scaler state: keeping the initial loss scale")
-        elif self.grad_scaler is not None:
-            self.grad_scaler.load_state_dict(state_dict["grad_scaler"])
-        else:
-            logger.warning("checkpoint has grad scaler state but this run uses no loss scaling: ignoring it")
+        self._load_grad_scaler_state(state_dict)
 
         for current_group, saved_index in zip(self.fp32_from_float16_groups, order):
             saved_group = saved_main_params[saved_index]

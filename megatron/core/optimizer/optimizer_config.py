@@ -79,7 +79,7 @@ class OptimizerConfig:
 
     # --- distributed optimizer -----------------------------------------------------------------------
     use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks (`--use-distributed-optimizer`): not supported yet."""
+    """Shard the fp32 main params and Adam state over data-parallel ranks (`--use-distributed-optimizer`)."""
 
     overlap_param_gather_with_optimizer_step: bool = False
     """Overlap the first parameter all-gather with the optimizer step: not supported yet."""
@@ -105,8 +105,6 @@ class OptimizerConfig:
             )
         if self.fp16 and self.bf16:
             problems.append("fp16 and bf16 are mutually exclusive (--fp16 / --bf16): pick one")
-        if self.use_distributed_optimizer:
-            problems.append("use_distributed_optimizer (--use-distributed-optimizer) is not supported yet")
         if self.overlap_param_gather_with_optimizer_step:
             problems.append(
                 "overlap_param_gather_with_optimizer_step (--overlap-param-gather-with-optimizer-step) "

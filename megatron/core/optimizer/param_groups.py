@@ -69,12 +69,26 @@ def _group_key(group: Dict) -> Tuple:
     return tuple(group.get(key) for key in PARAM_GROUP_KEYS)
 
 
-def reorder_saved_param_groups(current_groups: List[Dict], saved_groups: List[Dict]) -> List[int]:
+def _describe(group: Dict, with_size: bool) -> str:
+    size = f" with {len(group['params'])} params" if with_size else ""
+    return f"{dict(zip(PARAM_GROUP_KEYS, _group_key(group)))}{size}"
+
+
+def reorder_saved_param_groups(
+    current_groups: List[Dict], saved_groups: List[Dict], match_sizes: bool = True
+) -> List[int]:
     """For each current param group, the index of the checkpoint group it continues.
 
-    Groups are matched by their (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) key and size,
-    so a checkpoint whose groups were built in another order still loads onto the right params.
+    Groups are matched by their (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) key and, with
+    `match_sizes`, their number of params, so a checkpoint whose groups were built in another order still
+    loads onto the right params. The distributed optimizer's saved groups list no params (its state is
+    sharded over data-parallel ranks): it matches by key only.
     """
+    if match_sizes and any("params" not in group for group in saved_groups):
+        raise ValueError(
+            "the checkpoint's optimizer state was saved with the distributed optimizer (its per-parameter state "
+            "is in distrib_optim.pt): resume with --use-distributed-optimizer, or pass --no-load-optim"
+        )
     if len(current_groups) != len(saved_groups):
         raise ValueError(
             f"the checkpoint's optimizer has {len(saved_groups)} param groups, this model's has "
@@ -88,18 +102,15 @@ def reorder_saved_param_groups(current_groups: List[Dict], saved_groups: List[Di
                 index
                 for index in remaining
                 if _group_key(saved_groups[index]) == _group_key(group)
-                and len(saved_groups[index]["params"]) == len(group["params"])
+                and (not match_sizes or len(saved_groups[index]["params"]) == len(group["params"]))
             ),
             None,
         )
         if match is None:
-            available = "; ".join(
-                f"{dict(zip(PARAM_GROUP_KEYS, _group_key(saved)))} with {len(saved['params'])} params"
-                for saved in saved_groups
-            )
+            available = "; ".join(_describe(saved, match_sizes) for saved in saved_groups)
             raise ValueError(
-                f"no param group in the checkpoint matches {dict(zip(PARAM_GROUP_KEYS, _group_key(group)))} "
-                f"with {len(group['params'])} params; the checkpoint has: {available}"
+                f"no param group in the checkpoint matches {_describe(group, match_sizes)}; the checkpoint has: "
+                f"{available}"
             )
         remaining.remove(match)
         order.append(match)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from megatron.core.num_microbatches_calculator import update_num_microbatches
 from megatron.training.checkpoint.checkpoint_args import check_checkpoint_args
+from megatron.training.checkpoint.distrib_optim import load_distributed_optimizer_state
 from megatron.training.checkpoint.layout import checkpoint_exists, model_parallel_position, require_torch_format
 from megatron.training.checkpoint.reading import load_base_checkpoint
 from megatron.training.checkpoint.rng import set_rng_state
@@ -116,6 +117,8 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
 
     if not (release or args.finetune or args.no_load_optim):
         _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict, checkpoint_name)
+        if args.use_distributed_optimizer and optimizer is not None:
+            load_distributed_optimizer_state(optimizer, checkpoint_name)
     elif optimizer is not None and (args.fp16 or args.bf16):
         # The fp32 main params still hold the initial weights: take them from the loaded model.
         optimizer.reload_model_params()

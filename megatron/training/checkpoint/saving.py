@@ -2,6 +2,7 @@
 
     1. every rank reads its RNG state (gathered over DP with --data-parallel-random-init)
     2. data-parallel rank 0 of each model-parallel group writes iter_N/mp_rank_../model_optim_rng.pt
+       (--use-distributed-optimizer: and distrib_optim.pt, gathered from the DP ranks, distrib_optim.py)
     3. barrier: all files are complete
     4. global rank 0 writes latest_checkpointed_iteration.txt
     5. barrier: nobody goes on before the checkpoint is "latest"
@@ -15,6 +16,7 @@ from datetime import datetime
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.training.checkpoint.distrib_optim import finish_param_gathers, save_distributed_optimizer_state
 from megatron.training.checkpoint.files import save_atomically, write_text_atomically
 from megatron.training.checkpoint.layout import (
     ensure_directory_exists,
@@ -72,6 +74,8 @@ def save_checkpoint(
         raise ValueError("non-persistent checkpoints (--non-persistent-save-interval) are not supported yet")
     print_rank_0(f"[{_timestamp()}] saving checkpoint at iteration {iteration:7d} to {args.save} in torch format")
 
+    if args.use_distributed_optimizer:
+        finish_param_gathers(model)
     rng_state = None if args.no_save_rng else get_rng_state(args.data_parallel_random_init)
     checkpoint_name = get_checkpoint_name(
         args.save, iteration, release=release, pipeline_parallel=pipeline_parallel, tensor_rank=tensor_rank,
@@ -83,6 +87,8 @@ def save_checkpoint(
         state_dict["num_floating_point_operations_so_far"] = num_floating_point_operations_so_far
         ensure_directory_exists(checkpoint_name)
         save_atomically(state_dict, checkpoint_name)
+    if args.use_distributed_optimizer and optimizer is not None and not args.no_save_optim:
+        save_distributed_optimizer_state(optimizer, checkpoint_name)
 
     _barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:

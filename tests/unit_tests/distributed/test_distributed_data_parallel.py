@@ -45,7 +45,8 @@ def single_rank_groups():
 
 def test_buckets_cover_every_param_once_in_reverse_order(single_rank_groups):
     model = MLP()
-    ddp = DistributedDataParallel(MODEL_CONFIG, DistributedDataParallelConfig(bucket_size=40), model)
+    ddp_config = DistributedDataParallelConfig(bucket_size=40, overlap_grad_reduce=True)
+    ddp = DistributedDataParallel(MODEL_CONFIG, ddp_config, model)
     [buffer] = ddp.buffers
     sizes = [[param.numel() for param in bucket.params_list] for bucket in buffer.buckets]
     # Reverse order fc2.bias, fc2.weight | norm.bias, norm.weight, fc1.bias | fc1.weight, cut at >= 40.
@@ -61,7 +62,9 @@ def test_buckets_cover_every_param_once_in_reverse_order(single_rank_groups):
             assert param.main_grad.data_ptr() == bucket.grad_data[start:end].data_ptr()
         offset += bucket.grad_data.numel()
     assert offset == buffer.grad_data.numel() == sum(param.numel() for param in model.parameters())
-    assert len(DistributedDataParallel(MODEL_CONFIG, DistributedDataParallelConfig(), MLP()).buffers[0].buckets) == 1
+    # Without overlap the reduction waits for backward anyway: one bucket, --ddp-bucket-size ignored (Megatron).
+    for config in (DistributedDataParallelConfig(), DistributedDataParallelConfig(bucket_size=40)):
+        assert len(DistributedDataParallel(MODEL_CONFIG, config, MLP()).buffers[0].buckets) == 1
 
 
 def test_backward_accumulates_into_main_grad_and_frees_grad(single_rank_groups):
@@ -106,8 +109,8 @@ def test_state_dict_is_the_bare_module_and_bad_configs_fail(single_rank_groups):
     with pytest.raises(ValueError, match="--calculate-per-token-loss"):
         DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=True),
                                 DistributedDataParallelConfig(average_in_collective=True), MLP())
-    with pytest.raises(ValueError, match="overlap_grad_reduce .--overlap-grad-reduce. is not supported yet"):
-        DistributedDataParallelConfig(overlap_grad_reduce=True)
+    with pytest.raises(ValueError, match="overlap_param_gather .--overlap-param-gather. needs use_distributed_opt"):
+        DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
     DistributedDataParallelConfig(align_param_gather=True)  # only acts with overlap_param_gather: accepted
 
 

@@ -255,7 +255,7 @@ def test_param_groups_are_matched_by_key_when_loading():
     "kwargs, message",
     [
         ({"fp16": True, "bf16": True}, "mutually exclusive"),
-        ({"use_distributed_optimizer": True}, "--use-distributed-optimizer.*not supported yet"),
+        ({"overlap_param_gather_with_optimizer_step": True}, "--overlap-param-gather-with-optimizer-step.*not supp"),
         ({"optimizer": "lion"}, "'lion' is not supported yet; choose one of adam, sgd"),
         ({"clip_grad": -1.0}, "--clip-grad"),
     ],
