@@ -12,6 +12,7 @@ from megatron.core.tensor_parallel.layers import (
     set_tensor_model_parallel_attributes,
 )
 from megatron.core.tensor_parallel.mappings import (
+    all_gather_last_dim_from_tensor_parallel_region,
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -36,6 +37,7 @@ __all__ = [
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "VocabUtility",
+    "all_gather_last_dim_from_tensor_parallel_region",
     "checkpoint",
     "copy_tensor_model_parallel_attributes",
     "copy_to_tensor_model_parallel_region",

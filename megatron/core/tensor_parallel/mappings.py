@@ -6,6 +6,7 @@ Each mapping is a pair (forward op, backward op) whose backward is the adjoint o
     reduce_from_tensor_model_parallel_region        all-reduce             / identity
     scatter_to_tensor_model_parallel_region         keep my last-dim slice / all-gather last dim
     gather_from_tensor_model_parallel_region        all-gather last dim    / keep my slice
+    all_gather_last_dim_from_tensor_parallel_region all-gather last dim    / reduce-scatter last dim
     scatter_to_sequence_parallel_region             keep my first-dim slice/ all-gather first dim
     gather_from_sequence_parallel_region            all-gather first dim   / reduce-scatter first dim
     reduce_scatter_to_sequence_parallel_region      reduce-scatter first   / all-gather first dim
@@ -68,6 +69,21 @@ def _gather_along_last_dim(input_: torch.Tensor, full_size: int | None = None, g
     gathered = gathered.view((world_size,) + input_.shape)
     output = gathered.movedim(0, -2).reshape(input_.shape[:-1] + (world_size * chunk,))
     return output if full_size is None else output[..., :full_size].contiguous()
+
+
+def _reduce_scatter_along_last_dim(input_: torch.Tensor, group=None) -> torch.Tensor:
+    """Sums over the TP ranks and keeps this rank's (even) slice of the last dim."""
+    group, world_size = _tp_group_and_size(group)
+    if world_size == 1:
+        return input_
+    if input_.size(-1) % world_size:
+        raise ValueError(f"cannot reduce-scatter a last dim of {input_.size(-1)} over {world_size} TP ranks evenly")
+    chunk = input_.size(-1) // world_size
+    # The collective splits a flat buffer into p pieces: [..., p * chunk] -> [p, ..., chunk].
+    stacked = input_.reshape(input_.shape[:-1] + (world_size, chunk)).movedim(-2, 0).contiguous()
+    output = torch.empty(input_.shape[:-1] + (chunk,), dtype=input_.dtype, device=input_.device)
+    reduce_scatter_single(output.view(-1), stacked.view(-1), group=group)
+    return output
 
 
 def _check_sequence_split(input_: torch.Tensor, world_size: int) -> None:
@@ -152,6 +168,17 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, ctx.group), None, None
 
 
+class _AllGatherFromTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input_, group):
+        ctx.group = group
+        return _gather_along_last_dim(input_, None, group)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _reduce_scatter_along_last_dim(grad_output, ctx.group), None
+
+
 class _ScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input_, group):
@@ -207,6 +234,12 @@ def scatter_to_tensor_model_parallel_region(input_, group=None):
 def gather_from_tensor_model_parallel_region(input_, full_size: int | None = None, group=None):
     """All-gather the last dim (to `full_size` when the split is uneven); slice the gradient."""
     return _GatherFromModelParallelRegion.apply(input_, full_size, group)
+
+
+def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
+    """All-gather the last dim; reduce-scatter the gradient. Unlike `gather_from_tensor_model_parallel_region`,
+    for when every rank goes on to use (part of) the other ranks' shards, so their gradients add up."""
+    return _AllGatherFromTensorParallelRegion.apply(input_, group)
 
 
 def scatter_to_sequence_parallel_region(input_, group=None):

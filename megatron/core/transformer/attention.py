@@ -5,6 +5,12 @@ are grouped per key/value group g = 0..ng-1: the group's np/ng query heads, then
 value head, hn rows each. Viewed as [ng, np/ng + 2, hn, h]; for plain multi-head attention (ng = np)
 that is [np, 3, hn, h] = q0 k0 v0 q1 k1 v1 ... The column-parallel split of dim 0 therefore gives
 each TP rank ng/p whole groups.
+
+With fewer groups than TP ranks (ng < p, p a multiple of ng) a rank's rows are a 1/(p/ng) slice of one
+group, not whole heads. As in Megatron-Core, the ranks then all-gather the QKV output, keep group
+g = rank // (p/ng) and, of its np/ng query heads, the np/p with index rank % (p/ng); the key/value head is
+computed on the p/ng ranks that share it, and the all-gather's backward (a reduce-scatter) sums its
+gradient over them.
 """
 
 from dataclasses import dataclass
@@ -50,7 +56,9 @@ class SelfAttention(MegatronModule):
         self.query_projection_size = config.kv_channels * config.num_attention_heads
         self.kv_projection_size = config.kv_channels * config.num_query_groups
         self.num_attention_heads_per_partition = config.num_attention_heads // tp
-        self.num_query_groups_per_partition = config.num_query_groups // tp
+        # TransformerConfig checked that ng is a multiple or a divisor of p.
+        self.ranks_per_query_group = max(tp // config.num_query_groups, 1)
+        self.num_query_groups_per_partition = max(config.num_query_groups // tp, 1)
 
         self.linear_qkv = build_module(
             submodules.linear_qkv,
@@ -90,18 +98,31 @@ class SelfAttention(MegatronModule):
 
     def get_query_key_value_tensors(self, hidden_states: torch.Tensor):
         """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, ng/p, hn]."""
-        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, ng/p * (np/ng + 2) * hn]
-        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, (np + 2 ng) * hn / p]
+        if self.ranks_per_query_group > 1:
+            mixed_qkv = self._own_query_group(mixed_qkv)  # [s, b, (np/ng + 2) * hn]
+        heads_per_group = self.config.num_attention_heads // self.config.num_query_groups
         hn = self.hidden_size_per_attention_head
         s, b = mixed_qkv.shape[:2]
         mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * hn)
         query, key, value = torch.split(mixed_qkv, [heads_per_group * hn, hn, hn], dim=3)
-        query = query.reshape(s, b, self.num_attention_heads_per_partition, hn)
+        query = query.reshape(s, b, self.num_query_groups_per_partition * heads_per_group, hn)
+        if self.ranks_per_query_group > 1:  # this rank's np/p of its group's np/ng query heads
+            first = parallel_state.get_tensor_model_parallel_rank() % self.ranks_per_query_group
+            local_heads = self.num_attention_heads_per_partition
+            query = query[:, :, first * local_heads : (first + 1) * local_heads]
         if self.q_layernorm is not None:
             query = self.q_layernorm(query)
         if self.k_layernorm is not None:
             key = self.k_layernorm(key)
         return query, key, value
+
+    def _own_query_group(self, mixed_qkv: torch.Tensor) -> torch.Tensor:
+        """[s, b, (np + 2 ng) * hn / p] -> [s, b, (np/ng + 2) * hn]: all of group rank // (p/ng) (ng < p)."""
+        full = tensor_parallel.all_gather_last_dim_from_tensor_parallel_region(mixed_qkv)
+        group_width = full.size(-1) // self.config.num_query_groups
+        group = parallel_state.get_tensor_model_parallel_rank() // self.ranks_per_query_group
+        return full[..., group * group_width : (group + 1) * group_width]
 
     def forward(
         self,

@@ -24,6 +24,17 @@ RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
 RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
 
 
+def tensor_parallel_sizes_for_attention(num_attention_heads: int, num_query_groups: int) -> list[int]:
+    """The TP sizes p that split `num_attention_heads` query heads in `num_query_groups` key/value groups:
+    p divides the heads, and either divides the groups (whole groups per rank) or is a multiple of them
+    (p / ng ranks share one key/value head)."""
+    return [
+        size
+        for size in divisors(num_attention_heads)
+        if num_query_groups % size == 0 or size % num_query_groups == 0
+    ]
+
+
 @dataclass
 class TransformerConfig(ModelParallelConfig):
     """Architecture, initialisation, precision and recompute settings of a transformer."""
@@ -192,11 +203,12 @@ class TransformerConfig(ModelParallelConfig):
                 f"num_query_groups ({groups}) must divide num_attention_heads ({heads}): "
                 f"{', '.join(map(str, divisors(heads)))}"
             )
-        elif groups % tp and groups != heads:  # groups == heads: already reported as a heads problem
+        elif groups % tp and tp % groups and groups != heads:  # groups == heads: reported as a heads problem
+            legal = tensor_parallel_sizes_for_attention(heads, groups)
             problems.append(
-                f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}) so that "
-                f"each TP rank holds whole key/value heads; TP sizes that divide {groups}: "
-                f"{', '.join(map(str, divisors(groups)))}"
+                f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}) (each TP "
+                f"rank holds whole key/value heads) or divide it (p/ng ranks share one); TP sizes for {groups} "
+                f"groups of {heads} heads: {', '.join(map(str, legal))}"
             )
         if self.kv_channels is None:
             self.kv_channels = self.hidden_size // heads

@@ -6,12 +6,14 @@
 (with `apply_residual_connection_post_layernorm` the residual is norm(x) instead of x).
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from megatron.core import parallel_state
+from megatron.core.tensor_parallel.random import model_parallel_rng_region
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
@@ -89,10 +91,21 @@ class TransformerLayer(MegatronModule):
         )
         residual = normed if post_norm_residual else hidden_states
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
-        hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
+        with self._hidden_dropout_rng():
+            hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
         normed = self.pre_mlp_layernorm(hidden_states)
         mlp_output_with_bias = self.mlp(normed)
         residual = normed if post_norm_residual else hidden_states
         bda = self.mlp_bda(self.training, self.config.bias_dropout_fusion)
-        return bda(mlp_output_with_bias, residual, self.hidden_dropout), context
+        with self._hidden_dropout_rng():
+            hidden_states = bda(mlp_output_with_bias, residual, self.hidden_dropout)
+        return hidden_states, context
+
+    def _hidden_dropout_rng(self):
+        """The RNG of the residual-stream dropout. Replicated activations take the same mask on every TP
+        rank (default generator); under sequence parallelism each TP rank holds another part of the
+        sequence, so it draws from its own stream (Megatron forks that stream around the whole block)."""
+        if self.config.sequence_parallel and self.training and self.hidden_dropout > 0:
+            return model_parallel_rng_region()
+        return contextlib.nullcontext()

@@ -24,7 +24,6 @@ _MOE = "mixture-of-experts layers are not supported yet"
 _DIST_CKPT = "only --ckpt-format torch exists so far; distributed checkpoint options are not supported yet"
 
 UNSUPPORTED = (
-    Unsupported("--tensor-model-parallel-size", "tensor parallelism (TP > 1) is not supported yet; use 1"),
     Unsupported("--pipeline-model-parallel-size", f"{_PIPELINE}; use 1"),
     Unsupported("--num-layers-per-virtual-pipeline-stage", _PIPELINE),
     Unsupported("--num-virtual-stages-per-pipeline-rank", _PIPELINE),
@@ -34,7 +33,6 @@ UNSUPPORTED = (
     Unsupported("--context-parallel-size", "context parallelism (CP > 1) is not supported yet; use 1"),
     Unsupported("--hierarchical-context-parallel-sizes", "context parallelism is not supported yet"),
     Unsupported("--expert-model-parallel-size", "expert parallelism (EP > 1) is not supported yet; use 1"),
-    Unsupported("--sequence-parallel", "sequence parallelism (with TP > 1) is not supported yet"),
     Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
                                      "(Megatron does it with Transformer Engine userbuffers)"),
     Unsupported("--use-distributed-optimizer", "the distributed optimizer is not supported yet"),

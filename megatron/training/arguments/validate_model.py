@@ -7,6 +7,7 @@
 
 import argparse
 
+from megatron.core.transformer.transformer_config import tensor_parallel_sizes_for_attention
 from megatron.training.arguments.reporting import warn_rank_0
 from megatron.training.arguments.validate_parallel import legal_sizes
 
@@ -71,9 +72,11 @@ def _check_tensor_parallel_split(args, problems) -> None:
         if groups < 1 or heads % groups:
             problems.append(f"--num-query-groups {groups} must divide --num-attention-heads {heads}; valid: "
                             f"{legal_sizes(heads)}")
-        elif groups % tp:
-            problems.append(f"--num-query-groups {groups} must be divisible by --tensor-model-parallel-size {tp}; "
-                            f"valid TP sizes: {legal_sizes(groups)}")
+        elif groups % tp and tp % groups:
+            # tp > groups works too: tp/groups ranks share each key/value head (Megatron-Core does the same).
+            legal = ", ".join(map(str, tensor_parallel_sizes_for_attention(heads, groups)))
+            problems.append(f"--num-query-groups {groups} must be a multiple or a divisor of "
+                            f"--tensor-model-parallel-size {tp}; valid TP sizes: {legal}")
     if args.ffn_hidden_size and args.ffn_hidden_size % tp:
         problems.append(f"--ffn-hidden-size {args.ffn_hidden_size} must be divisible by "
                         f"--tensor-model-parallel-size {tp}")

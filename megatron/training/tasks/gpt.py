@@ -16,6 +16,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.training.arguments import core_transformer_config_from_args
+from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_tp_rank
 from megatron.training.console import print_rank_0
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.global_vars import get_args, get_timers, get_tokenizer
@@ -54,25 +55,18 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def get_batch(data_iterator):
     """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device.
 
-    Stages that neither embed nor compute the loss need no data (pipeline parallelism).
+    TP rank 0 reads it and broadcasts it to the other ranks of its tensor-parallel group, which hold no
+    data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism).
     """
     if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
         return None, None, None, None, None
-    args = get_args()
-    batch = next(data_iterator)
-    if not args.reset_attention_mask:
+    keys = GPT_BATCH_KEYS
+    if not get_args().reset_attention_mask:
         # The mask is then the plain causal one, which attention applies by itself (and SDPA can then use
-        # its flash kernels, which take no explicit mask).
-        batch.pop("attention_mask", None)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    moved = {key: value.to(device, non_blocking=True) if torch.is_tensor(value) else value for key, value in batch.items()}
-    return (
-        moved["tokens"],
-        moved["labels"],
-        moved["loss_mask"],
-        moved.get("attention_mask"),
-        moved["position_ids"],
-    )
+        # its flash kernels, which take no explicit mask): it is neither sent nor used.
+        keys = tuple(key for key in GPT_BATCH_KEYS if key != "attention_mask")
+    batch = get_batch_on_this_tp_rank(data_iterator, keys)
+    return batch["tokens"], batch["labels"], batch["loss_mask"], batch.get("attention_mask"), batch["position_ids"]
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):

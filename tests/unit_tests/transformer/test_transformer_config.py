@@ -40,10 +40,14 @@ def test_every_problem_is_reported_at_once_with_the_numbers():
     assert "pipeline_dtype" in message
 
 
-def test_query_groups_must_split_over_tensor_parallel_ranks():
-    expected = r"num_query_groups \(2\) must be a multiple of tensor_model_parallel_size \(4\)"
+def test_query_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them():
+    TransformerConfig(**BASE, num_query_groups=2, tensor_model_parallel_size=4)  # 2 ranks share each group
+    TransformerConfig(**BASE, num_query_groups=4, tensor_model_parallel_size=2)  # 2 groups per rank
+    expected = (r"num_query_groups \(4\) must be a multiple of tensor_model_parallel_size \(6\) .* or divide it .*"
+                r"TP sizes for 4 groups of 12 heads: 1, 2, 4, 12")
     with pytest.raises(ValueError, match=expected):
-        TransformerConfig(**BASE, num_query_groups=2, tensor_model_parallel_size=4)
+        TransformerConfig(num_layers=2, hidden_size=96, num_attention_heads=12, num_query_groups=4,
+                          tensor_model_parallel_size=6)
 
 
 @pytest.mark.parametrize(

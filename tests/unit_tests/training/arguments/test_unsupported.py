@@ -23,8 +23,6 @@ from .conftest import MINIMAL
                                                    "local (pure PyTorch) exists so far"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
     (["--optimizer", "muon"], "--optimizer muon: is not supported yet; use adam or sgd"),
-    (["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-     "--sequence-parallel: sequence parallelism (with TP > 1) is not supported yet"),
 ])
 def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -32,7 +30,7 @@ def test_refused_with_a_message(problems, monkeypatch, flags, expected):
 
 
 @pytest.mark.parametrize("flag", ["--pipeline-model-parallel-size", "--context-parallel-size",
-                                  "--expert-model-parallel-size", "--tensor-model-parallel-size"])
+                                  "--expert-model-parallel-size"])
 def test_parallel_sizes_above_one(problems, monkeypatch, flag):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert f"{flag} 2: " in problems(*MINIMAL, flag, "2")

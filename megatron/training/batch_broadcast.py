@@ -1,0 +1,162 @@
+"""Microbatches read on tensor-parallel rank 0 and broadcast to the rest of its TP group (Megatron's
+`get_batch_on_this_tp_rank`).
+
+Every rank of a TP group computes on the same microbatch, so only TP rank 0 builds the datasets and
+reads them (`is_dataset_built_on_rank`); the other ranks hold no iterator and receive the tensors.
+
+Two broadcasts per microbatch, whatever the keys:
+
+    header  int64 [1 + len(keys) * (2 + MAX_DIMS)]
+            [0]                        status: BATCH follows, EXHAUSTED iterator, or REFUSED batch
+            per key: dtype code (-1 = absent), ndim, shape padded with zeros to MAX_DIMS
+    payload uint8 [sum of the tensors' byte sizes, each rounded up to ALIGNMENT]
+            the tensors' bytes back to back, viewed again as their dtype and shape on every rank
+
+The header makes the receivers independent of `--micro-batch-size`/`--seq-length` (a short last
+validation batch, an optional attention mask), and the status makes every rank stop together (an exhausted
+iterator raises StopIteration, a batch that cannot be sent a ValueError) instead of leaving TP ranks 1..
+waiting in a collective that never comes. Reading the header on the receivers is one device-to-host sync
+per microbatch (Megatron instead derives the shapes from the arguments).
+"""
+
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+
+GPT_BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+MAX_DIMS = 4  # the attention mask is [b, 1, s, s]
+ALIGNMENT = 16  # bytes: every tensor starts on a boundary that any dtype may be viewed from
+_DTYPES = (
+    torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8, torch.bool,
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+)
+_SLOTS_PER_KEY = 2 + MAX_DIMS
+EXHAUSTED, BATCH, REFUSED = 0, 1, 2
+
+
+def batch_device() -> torch.device:
+    """Where batches go: the current GPU when there is one (NCCL broadcasts need it there), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _aligned(num_bytes: int) -> int:
+    return -(-num_bytes // ALIGNMENT) * ALIGNMENT
+
+
+def _problem(key: str, value) -> Optional[str]:
+    """Why batch[key] cannot be broadcast, or None."""
+    if torch.is_tensor(value) and value.dtype in _DTYPES and value.dim() <= MAX_DIMS:
+        return None
+    return (
+        f"batch[{key!r}] cannot be broadcast over the tensor-parallel group: expected a tensor of at most "
+        f"{MAX_DIMS} dims with a dtype in {', '.join(map(str, _DTYPES))}, got {type(value).__name__} "
+        f"{getattr(value, 'dtype', '')} {tuple(getattr(value, 'shape', ()))}"
+    )
+
+
+def _encode_header(batch: Optional[dict], keys: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
+    """(header, problems): the header of `batch` (None: exhausted), or a REFUSED one with the reasons."""
+    header = torch.zeros(1 + len(keys) * _SLOTS_PER_KEY, dtype=torch.int64)
+    if batch is None:
+        header[0] = EXHAUSTED
+        return header, []
+    problems = [problem for key in keys if batch.get(key) is not None and (problem := _problem(key, batch[key]))]
+    if problems:
+        header[0] = REFUSED
+        return header, problems
+    header[0] = BATCH
+    for index, key in enumerate(keys):
+        slots = header[1 + index * _SLOTS_PER_KEY : 1 + (index + 1) * _SLOTS_PER_KEY]
+        value = batch.get(key)
+        if value is None:
+            slots[0] = -1
+            continue
+        slots[0] = _DTYPES.index(value.dtype)
+        slots[1] = value.dim()
+        slots[2 : 2 + value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+    return header, []
+
+
+def _decode_header(header: list[int], keys: Sequence[str]) -> dict:
+    """{key: (dtype, shape) or None} from the header's values."""
+    layout = {}
+    for index, key in enumerate(keys):
+        code, ndim, *dims = header[1 + index * _SLOTS_PER_KEY : 1 + (index + 1) * _SLOTS_PER_KEY]
+        layout[key] = None if code < 0 else (_DTYPES[code], tuple(dims[:ndim]))
+    return layout
+
+
+def _byte_size(dtype: torch.dtype, shape: tuple) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def _pack(batch: dict, layout: dict) -> torch.Tensor:
+    """The payload: each present tensor's bytes, padded to ALIGNMENT, in key order (built on the CPU)."""
+    parts = []
+    for key, entry in layout.items():
+        if entry is None:
+            continue
+        data = batch[key].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        parts.append(torch.nn.functional.pad(data, (0, _aligned(data.numel()) - data.numel())))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def _unpack(payload: torch.Tensor, layout: dict) -> dict:
+    batch, offset = {}, 0
+    for key, entry in layout.items():
+        if entry is None:
+            batch[key] = None
+            continue
+        dtype, shape = entry
+        size = _byte_size(dtype, shape)
+        batch[key] = payload[offset : offset + size].view(dtype).view(shape)
+        offset += _aligned(size)
+    return batch
+
+
+def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS) -> dict:
+    """`batch` (given on TP rank 0, ignored elsewhere) on every rank of the TP group, on `batch_device()`.
+
+    Returns {key: tensor, or None where the batch lacks the key}. `batch=None` on TP rank 0 means there
+    is no further batch: every rank of the group then raises StopIteration. Collective over the TP group.
+    """
+    device = batch_device()
+    is_source = parallel_state.get_tensor_model_parallel_rank() == 0
+    header, problems = _encode_header(batch if is_source else None, keys)
+    tensor_parallel = parallel_state.get_tensor_model_parallel_world_size() > 1
+    if tensor_parallel:
+        group, source = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_src_rank()
+        header = header.to(device)
+        dist.broadcast(header, source, group=group)
+    header = header.tolist()
+    if header[0] == EXHAUSTED:
+        raise StopIteration
+    if header[0] == REFUSED:
+        raise ValueError("; ".join(problems) or "tensor-parallel rank 0 could not broadcast its batch (see its error)")
+    layout = _decode_header(header, keys)
+    if not tensor_parallel:
+        return {key: None if entry is None else batch[key].to(device, non_blocking=True) for key, entry in layout.items()}
+    if is_source:
+        payload = _pack(batch, layout).to(device, non_blocking=True)
+    else:
+        total = sum(_aligned(_byte_size(*entry)) for entry in layout.values() if entry is not None)
+        payload = torch.empty(total, dtype=torch.uint8, device=device)
+    dist.broadcast(payload, source, group=group)
+    return _unpack(payload, layout)
+
+
+def get_batch_on_this_tp_rank(data_iterator: Optional[Iterator], keys: Sequence[str] = GPT_BATCH_KEYS) -> dict:
+    """The next microbatch of `data_iterator` on every rank of the TP group (Megatron's name).
+
+    Only TP rank 0 reads the iterator (the other ranks may pass None). An exhausted iterator raises
+    StopIteration on every rank of the group.
+    """
+    batch = None
+    if parallel_state.get_tensor_model_parallel_rank() == 0 and data_iterator is not None:
+        batch = next(data_iterator, None)
+    return broadcast_batch(batch, keys)
