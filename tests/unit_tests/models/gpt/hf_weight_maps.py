@@ -1,82 +1,32 @@
-"""Explicit weight maps from Hugging Face GPT-2 / Llama state dicts to Megatron-Core GPTModel keys.
-
-Written from the layouts in reference/megatron-compat.md section 8.4, independently of the model code,
-so that logits parity proves both the model and the layouts.
-"""
+"""Hugging Face GPT-2 / Llama state dicts -> GPTModel keys for the model tests, through the checkpoint
+converter's adapters (megatron/training/checkpoint_conversion/gpt2_hf.py, llama_hf.py): one weight map,
+proven here by logits parity with `transformers`."""
 
 import torch
 
+from megatron.training.checkpoint_conversion import gpt2_hf, llama_hf
+from megatron.training.checkpoint_conversion.gpt_shape import GPTShape
 
-def gpt2_qkv_to_megatron(c_attn: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """HF GPT-2 `c_attn` (Conv1D weight [h, 3h] = columns [Q_all | K_all | V_all], or its bias [3h]) ->
-    Megatron `linear_qkv` rows [np, 3, hn] (q0 k0 v0 q1 k1 v1 ...), weight [3h, h]."""
-    if c_attn.dim() == 2:
-        rows = c_attn.t()  # Conv1D stores [in, out]; Linear wants [out, in]
-        three_h, h = rows.shape
-        return rows.reshape(3, num_heads, three_h // (3 * num_heads), h).transpose(0, 1).reshape(three_h, h)
-    return c_attn.reshape(3, num_heads, -1).transpose(0, 1).reshape(-1)
+
+def _shape(num_layers: int, num_heads: int, num_groups: int, head_dim: int, llama: bool) -> GPTShape:
+    """The fields the weight maps read; the others do not change the map."""
+    return GPTShape(
+        num_layers=num_layers, hidden_size=num_heads * head_dim, num_attention_heads=num_heads,
+        num_query_groups=num_groups, kv_channels=head_dim, ffn_hidden_size=0, swiglu=llama,
+        add_bias_linear=not llama, add_qkv_bias=False, normalization="RMSNorm" if llama else "LayerNorm",
+        norm_epsilon=1e-5, position_embedding_type="rope" if llama else "learned_absolute",
+        max_position_embeddings=0, rotary_base=10000.0, use_rope_scaling=False, rope_scaling_factor=8.0,
+        tied_embeddings=not llama, gelu="gelu", vocab_size=None, padded_vocab_size=0, params_dtype=torch.float32,
+    )
 
 
 def gpt2_to_megatron(hf_state: dict, num_layers: int, num_heads: int) -> dict:
-    """GPT-2 LM head model state dict -> GPTModel (tied embeddings, learned positions, biases)."""
-    out = {
-        "embedding.word_embeddings.weight": hf_state["transformer.wte.weight"],
-        "embedding.position_embeddings.weight": hf_state["transformer.wpe.weight"],
-        "decoder.final_layernorm.weight": hf_state["transformer.ln_f.weight"],
-        "decoder.final_layernorm.bias": hf_state["transformer.ln_f.bias"],
-    }
-    for i in range(num_layers):
-        hf, mc = f"transformer.h.{i}.", f"decoder.layers.{i}."
-        for suffix in ("weight", "bias"):
-            out[mc + f"input_layernorm.{suffix}"] = hf_state[hf + f"ln_1.{suffix}"]
-            out[mc + f"pre_mlp_layernorm.{suffix}"] = hf_state[hf + f"ln_2.{suffix}"]
-            out[mc + f"self_attention.linear_qkv.{suffix}"] = gpt2_qkv_to_megatron(
-                hf_state[hf + f"attn.c_attn.{suffix}"], num_heads
-            )
-        conv1d_layers = (
-            ("attn.c_proj", "self_attention.linear_proj"),
-            ("mlp.c_fc", "mlp.linear_fc1"),
-            ("mlp.c_proj", "mlp.linear_fc2"),
-        )
-        for hf_name, mc_name in conv1d_layers:
-            out[mc + mc_name + ".weight"] = hf_state[hf + hf_name + ".weight"].t()  # Conv1D transpose
-            out[mc + mc_name + ".bias"] = hf_state[hf + hf_name + ".bias"]
-    return out
-
-
-def llama_qkv_to_megatron(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_groups: int):
-    """Separate q [np*hn, h], k and v [ng*hn, h] -> per-group rows: for each group g its np/ng query
-    heads, then k_g, then v_g. HF's repeat_kv gives query head j the key head j // (np/ng), the same
-    grouping."""
-    h = q.size(1)
-    head_dim = q.size(0) // num_heads
-    q = q.reshape(num_groups, num_heads // num_groups, head_dim, h)
-    k = k.reshape(num_groups, 1, head_dim, h)
-    v = v.reshape(num_groups, 1, head_dim, h)
-    return torch.cat([q, k, v], dim=1).reshape(-1, h)
+    """GPT2LMHeadModel state dict -> GPTModel (tied embeddings, learned positions, biases)."""
+    head_dim = hf_state["transformer.wte.weight"].shape[1] // num_heads
+    return gpt2_hf.gpt2_to_megatron(hf_state, _shape(num_layers, num_heads, num_heads, head_dim, llama=False))
 
 
 def llama_to_megatron(hf_state: dict, num_layers: int, num_heads: int, num_groups: int) -> dict:
     """LlamaForCausalLM state dict -> GPTModel (RMSNorm, SwiGLU fc1 = cat([gate, up]), untied, no bias)."""
-    out = {
-        "embedding.word_embeddings.weight": hf_state["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": hf_state["model.norm.weight"],
-        "output_layer.weight": hf_state["lm_head.weight"],
-    }
-    for i in range(num_layers):
-        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[mc + "input_layernorm.weight"] = hf_state[hf + "input_layernorm.weight"]
-        out[mc + "pre_mlp_layernorm.weight"] = hf_state[hf + "post_attention_layernorm.weight"]
-        out[mc + "self_attention.linear_qkv.weight"] = llama_qkv_to_megatron(
-            hf_state[hf + "self_attn.q_proj.weight"],
-            hf_state[hf + "self_attn.k_proj.weight"],
-            hf_state[hf + "self_attn.v_proj.weight"],
-            num_heads,
-            num_groups,
-        )
-        out[mc + "self_attention.linear_proj.weight"] = hf_state[hf + "self_attn.o_proj.weight"]
-        out[mc + "mlp.linear_fc1.weight"] = torch.cat(
-            [hf_state[hf + "mlp.gate_proj.weight"], hf_state[hf + "mlp.up_proj.weight"]], dim=0
-        )
-        out[mc + "mlp.linear_fc2.weight"] = hf_state[hf + "mlp.down_proj.weight"]
-    return out
+    head_dim = hf_state["model.layers.0.self_attn.q_proj.weight"].shape[0] // num_heads
+    return llama_hf.llama_to_megatron(hf_state, _shape(num_layers, num_heads, num_groups, head_dim, llama=True))

@@ -1,0 +1,123 @@
+"""What a GPT checkpoint conversion needs to know about the model, read once from the training arguments.
+
+The shape decides every transform: how the fused QKV rows are grouped (heads, query groups, head
+width), whether `linear_fc1` holds [gate; up] (SwiGLU), which tensors exist (biases, position
+embeddings, an untied output layer), and how many vocabulary rows are real (`vocab_size`) versus
+padding (`padded_vocab_size`, reference 12 item 11).
+"""
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """The architecture of a Megatron-Core `GPTModel`, in the names of Megatron's arguments."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # = num_attention_heads without grouped-query attention
+    kv_channels: int  # head width hn
+    ffn_hidden_size: int
+    swiglu: bool  # linear_fc1 = [gate; up], SiLU on the gate
+    add_bias_linear: bool
+    add_qkv_bias: bool
+    normalization: str  # "LayerNorm" or "RMSNorm"
+    norm_epsilon: float
+    position_embedding_type: str  # "learned_absolute" or "rope"
+    max_position_embeddings: int
+    rotary_base: float
+    use_rope_scaling: bool  # Llama-3.1 frequency scaling
+    rope_scaling_factor: float
+    tied_embeddings: bool
+    gelu: str  # Hugging Face's name of the GELU variant: "gelu" (erf) or "gelu_new" (tanh)
+    vocab_size: int | None  # the tokenizer's, without padding rows; None when unknown
+    padded_vocab_size: int
+    params_dtype: torch.dtype
+
+    @property
+    def qkv_bias(self) -> bool:
+        """`linear_qkv` has a bias with --add-bias-linear or --add-qkv-bias (Qwen2)."""
+        return self.add_bias_linear or self.add_qkv_bias
+
+    @property
+    def norm_has_bias(self) -> bool:
+        return self.normalization == "LayerNorm"
+
+
+def _gelu_variant(args) -> str:
+    """Megatron's fused bias-GELU and --openai-gelu compute the tanh approximation; otherwise exact GELU."""
+    if getattr(args, "openai_gelu", False) or (args.bias_gelu_fusion and args.add_bias_linear):
+        return "gelu_new"
+    return "gelu"
+
+
+def _unsupported_features(args) -> list[str]:
+    """Settings whose weights the GPT conversions cannot express, one message each."""
+    problems = []
+    checks = (
+        (getattr(args, "num_experts", None), "--num-experts (mixture of experts)"),
+        (getattr(args, "qk_layernorm", False), "--qk-layernorm"),
+        (getattr(args, "apply_layernorm_1p", False), "--apply-layernorm-1p"),
+        (getattr(args, "squared_relu", False), "--squared-relu"),
+        (getattr(args, "quick_geglu", False), "--quick-geglu"),
+        (getattr(args, "rotary_interleaved", False), "--rotary-interleaved"),
+        (getattr(args, "rotary_percent", 1.0) != 1.0, f"--rotary-percent {getattr(args, 'rotary_percent', 1.0)}"),
+        (getattr(args, "apply_residual_connection_post_layernorm", False),
+         "--apply-residual-connection-post-layernorm"),
+        (getattr(args, "transformer_impl", "local") != "local",
+         f"--transformer-impl {getattr(args, 'transformer_impl', None)} (Transformer Engine parameter names)"),
+        ((getattr(args, "virtual_pipeline_model_parallel_size", None) or 1) > 1,
+         "--num-layers-per-virtual-pipeline-stage (virtual pipeline stages)"),
+        (getattr(args, "decoder_first_pipeline_num_layers", None) is not None
+         or getattr(args, "decoder_last_pipeline_num_layers", None) is not None,
+         "--decoder-first/last-pipeline-num-layers (uneven pipeline stages)"),
+    )
+    for present, flag in checks:
+        if present:
+            problems.append(f"{flag} is not supported yet by the GPT checkpoint conversion")
+    if args.position_embedding_type not in ("learned_absolute", "rope"):
+        problems.append(f"--position-embedding-type {args.position_embedding_type}: the conversion knows "
+                        "learned_absolute and rope")
+    if args.normalization not in ("LayerNorm", "RMSNorm"):
+        problems.append(f"--normalization {args.normalization}: the conversion knows LayerNorm and RMSNorm")
+    return problems
+
+
+def gpt_shape_from_args(args: argparse.Namespace, vocab_size: int | None) -> GPTShape:
+    """The shape of the GPT trained with `args` (a checkpoint's validated Namespace); `vocab_size` is the
+    tokenizer's (None when unknown). Raises one ValueError listing every setting the conversion cannot
+    express."""
+    problems = _unsupported_features(args)
+    if vocab_size is not None and vocab_size > args.padded_vocab_size:
+        problems.append(f"the tokenizer has {vocab_size} ids but the model only {args.padded_vocab_size} vocabulary "
+                        "rows: --true-vocab-size (or the tokenizer files) do not belong to this checkpoint")
+    if problems:
+        raise ValueError("this GPT checkpoint cannot be converted:\n  - " + "\n  - ".join(problems))
+    heads = args.num_attention_heads
+    return GPTShape(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=heads,
+        num_query_groups=args.num_query_groups if args.group_query_attention else heads,
+        kv_channels=args.kv_channels or args.hidden_size // heads,
+        ffn_hidden_size=args.ffn_hidden_size,
+        swiglu=args.swiglu,
+        add_bias_linear=args.add_bias_linear,
+        add_qkv_bias=getattr(args, "add_qkv_bias", False),
+        normalization=args.normalization,
+        norm_epsilon=args.norm_epsilon,
+        position_embedding_type=args.position_embedding_type,
+        max_position_embeddings=args.max_position_embeddings,
+        rotary_base=float(getattr(args, "rotary_base", 10000)),
+        use_rope_scaling=getattr(args, "use_rope_scaling", False),
+        rope_scaling_factor=float(getattr(args, "rope_scaling_factor", 8.0)),
+        tied_embeddings=not args.untie_embeddings_and_output_weights,
+        gelu=_gelu_variant(args),
+        vocab_size=vocab_size,
+        padded_vocab_size=args.padded_vocab_size,
+        params_dtype=getattr(args, "params_dtype", torch.float32),
+    )

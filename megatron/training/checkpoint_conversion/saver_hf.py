@@ -1,0 +1,46 @@
+"""convert.py saver `hf`: a Hugging Face model directory that `transformers` loads (user-pain-points D4).
+
+LayerNorm + learned positions -> GPT2LMHeadModel (gpt2_hf.py); RMSNorm + RoPE + SwiGLU ->
+LlamaForCausalLM or Qwen2ForCausalLM (llama_hf.py). config.json's vocab_size is the tokenizer's, the
+padded rows are dropped, and the tokenizer files the checkpoint's arguments name are copied under the
+names `transformers` looks for.
+"""
+
+from megatron.training.checkpoint_conversion.gpt2_hf import gpt2_config, gpt2_export_problems, megatron_to_gpt2
+from megatron.training.checkpoint_conversion.hf_directory import DEFAULT_MAX_SHARD_BYTES, write_hf_directory
+from megatron.training.checkpoint_conversion.llama_hf import llama_config, llama_export_problems, megatron_to_llama
+from megatron.training.checkpoint_conversion.messages import messages_to_state
+
+
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group(title="hf saver (Hugging Face directories)")
+    group.add_argument("--max-shard-size", type=int, default=DEFAULT_MAX_SHARD_BYTES,
+                       help="bytes per safetensors file; larger models are sharded with model.safetensors.index.json")
+
+
+def export_hf(save_dir: str, state: dict, metadata, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
+    """Writes the Hugging Face directory of a full GPTModel state dict; returns its config.json."""
+    shape, tokenizer = metadata.shape, metadata.tokenizer
+    gpt2_problems, llama_problems = gpt2_export_problems(shape), llama_export_problems(shape)
+    if not gpt2_problems:
+        hf_state, config = megatron_to_gpt2(state, shape), gpt2_config(shape, tokenizer.bos_token_id,
+                                                                        tokenizer.eos_token_id)
+    elif not llama_problems:
+        hf_state, config = megatron_to_llama(state, shape), llama_config(shape, tokenizer.bos_token_id,
+                                                                          tokenizer.eos_token_id)
+    else:
+        raise ValueError("this GPT has no Hugging Face counterpart here:\n  as GPT2LMHeadModel: "
+                         + "; ".join(gpt2_problems) + "\n  as LlamaForCausalLM: " + "; ".join(llama_problems))
+    tokenizer_config = ({"tokenizer_class": tokenizer.tokenizer_class, "model_max_length": shape.max_position_embeddings}
+                        if tokenizer.tokenizer_class and tokenizer.files else None)
+    write_hf_directory(save_dir, hf_state, config, tokenizer.files, tokenizer_config, max_shard_bytes)
+    return config
+
+
+def save_checkpoint(queue, args) -> None:
+    metadata = queue.get()
+    if metadata == "exit":
+        raise RuntimeError("the loader failed before sending metadata")
+    state = messages_to_state(queue.get, metadata, args.checking)
+    config = export_hf(args.save_dir, state, metadata, args.max_shard_size)
+    print(f" exported {config['architectures'][0]} to {args.save_dir}", flush=True)

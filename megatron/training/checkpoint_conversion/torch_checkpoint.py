@@ -1,0 +1,109 @@
+"""Whole torch-format GPT checkpoints (reference 8.1, 8.2) as one full state dict, in either direction.
+
+Reading takes every `mp_rank_TT[_PPP]/model_optim_rng.pt` of an iteration, merges the pipeline stages
+(local -> global layer numbers) and the tensor-parallel shards. Writing splits a full state dict for a
+target TP x PP layout and writes `args`, `checkpoint_version` 3.0, `iteration` and `model` per rank;
+optimizer, scheduler and RNG state are not carried over (as Megatron's convert.py), so resume a
+converted checkpoint with --no-load-optim --no-load-rng (or --finetune).
+"""
+
+import argparse
+import copy
+import os
+import re
+
+from megatron.training.checkpoint.files import load_checkpoint_file, save_atomically, write_text_atomically
+from megatron.training.checkpoint.layout import get_checkpoint_name, get_checkpoint_tracker_filename, read_metadata
+from megatron.training.checkpoint.state_dict import CHECKPOINT_VERSION
+from megatron.training.checkpoint_conversion.pipeline_stages import merge_pipeline, split_pipeline
+from megatron.training.checkpoint_conversion.tensor_parallel_sharding import (
+    merge_tensor_parallel,
+    split_tensor_parallel,
+)
+
+_RANK_DIRECTORY = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?")
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy of a checkpoint's args with this project's defaults for options it did not record."""
+    from megatron.training.arguments import build_parser
+
+    args = copy.copy(args)
+    for option, default in vars(build_parser().parse_args([])).items():
+        if not hasattr(args, option):
+            setattr(args, option, default)
+    return args
+
+
+def iteration_directory(load_dir: str, iteration: int | None = None) -> tuple[str, int, bool]:
+    """(directory, iteration, release) of the checkpoint named by the tracker, or of `iteration`."""
+    if iteration is None:
+        tracker = get_checkpoint_tracker_filename(load_dir)
+        if not os.path.isfile(tracker):
+            raise FileNotFoundError(f"--load-dir {load_dir} holds no torch-format checkpoint: {tracker} is missing")
+        iteration, release = read_metadata(tracker)
+    else:
+        release = False
+    directory = get_checkpoint_name(load_dir, iteration, release, return_base_dir=True)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory} does not exist")
+    if os.path.isfile(os.path.join(directory, "metadata.json")):
+        raise ValueError(f"{directory} is a distributed (torch_dist) checkpoint; convert.py reads --ckpt-format "
+                         "torch checkpoints only")
+    return directory, iteration, release
+
+
+def rank_files(directory: str) -> dict[tuple[int, int], str]:
+    """{(tensor rank, pipeline rank): model_optim_rng.pt path} of an iteration directory."""
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        match = _RANK_DIRECTORY.fullmatch(name)
+        if match and os.path.isfile(os.path.join(directory, name, "model_optim_rng.pt")):
+            files[(int(match.group(1)), int(match.group(2) or 0))] = os.path.join(directory, name, "model_optim_rng.pt")
+    if not files:
+        raise FileNotFoundError(f"{directory} has no mp_rank_*/model_optim_rng.pt files")
+    return files
+
+
+def read_torch_checkpoint(load_dir: str, iteration: int | None = None) -> tuple[dict, argparse.Namespace, int, bool]:
+    """(full GPT state dict, args with defaults filled in, iteration, release) of a torch-format checkpoint."""
+    directory, iteration, release = iteration_directory(load_dir, iteration)
+    files = rank_files(directory)
+    first = load_checkpoint_file(files[(0, 0)])
+    if "args" not in first or "model" not in first:
+        names = [key for key in first if key.startswith("model")]
+        raise ValueError(f"{files[(0, 0)]} lacks 'args' or 'model' (it has {names}); virtual-pipeline checkpoints "
+                         "(model0, model1, ...) are not supported yet")
+    args = _with_defaults(first["args"])
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    missing = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in files]
+    if missing:
+        raise FileNotFoundError(f"{directory}: the args say TP={tp}, PP={pp} but the files of (tp, pp) ranks "
+                                f"{missing} are missing")
+    tied = not args.untie_embeddings_and_output_weights
+    stages = []
+    for p in range(pp):
+        shards = [first["model"] if (t, p) == (0, 0) else load_checkpoint_file(files[(t, p)])["model"]
+                  for t in range(tp)]
+        stages.append(merge_tensor_parallel(shards, args.swiglu))
+    return merge_pipeline(stages, args.num_layers, tied), args, iteration, release
+
+
+def write_torch_checkpoint(save_dir: str, state: dict, args: argparse.Namespace, iteration: int, tp: int, pp: int,
+                           release: bool = False) -> None:
+    """Writes `state` (full, global layer numbers, vocab rows already padded for `tp`) as a TP x PP
+    torch-format checkpoint; every file crash-safe, the tracker last."""
+    args = copy.copy(args)
+    args.tensor_model_parallel_size, args.pipeline_model_parallel_size = tp, pp
+    args.padded_vocab_size = state["embedding.word_embeddings.weight"].shape[0]
+    args.save, args.load = save_dir, save_dir
+    tied = not args.untie_embeddings_and_output_weights
+    for p, stage in enumerate(split_pipeline(state, pp, args.num_layers, tied)):
+        for t, shard in enumerate(split_tensor_parallel(stage, tp, args.swiglu)):
+            filename = get_checkpoint_name(save_dir, iteration, release, pipeline_parallel=pp > 1, tensor_rank=t,
+                                           pipeline_rank=p, expert_parallel=False, expert_rank=0)
+            os.makedirs(os.path.dirname(filename), exist_ok=True)
+            checkpoint = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration,
+                          "model": shard}
+            save_atomically(checkpoint, filename)
+    write_text_atomically("release" if release else str(iteration), get_checkpoint_tracker_filename(save_dir))

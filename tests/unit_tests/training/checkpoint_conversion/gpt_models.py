@@ -1,0 +1,51 @@
+"""Tiny GPT-2-shaped and Llama-shaped GPTModels built from Megatron command lines, and torch-format
+checkpoints of them, for the conversion tests."""
+
+import torch
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.training.arguments import core_transformer_config_from_args, parse_args, validate_args
+from megatron.training.checkpoint_conversion.torch_checkpoint import write_torch_checkpoint
+
+TRUE_VOCAB, PADDED_VOCAB, SEQ = 100, 128, 32
+COMMON = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", str(SEQ),
+          "--max-position-embeddings", str(SEQ), "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-4",
+          "--hidden-dropout", "0", "--attention-dropout", "0", "--make-vocab-size-divisible-by", "64"]
+GPT2_FLAGS = ["--ffn-hidden-size", "128"]
+LLAMA_FLAGS = ["--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "96", "--swiglu",
+               "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+               "--untie-embeddings-and-output-weights", "--rotary-base", "500000"]
+SHAPES = {"gpt2": GPT2_FLAGS, "llama": LLAMA_FLAGS}
+
+
+def model_args(name: str, *flags):
+    args = validate_args(parse_args(args_list=[*COMMON, *SHAPES[name], *flags]))
+    args.padded_vocab_size = PADDED_VOCAB
+    return args
+
+
+def build_model(args, seed: int = 3) -> GPTModel:
+    """The GPT of `args` with every weight random and O(1) (norms and biases too), in eval mode."""
+    torch.manual_seed(seed)
+    model = GPTModel(
+        core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
+        vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(0.2 * torch.randn_like(param) + (1.0 if "layernorm" in name and name.endswith("weight") else 0.0))
+    return model.eval()
+
+
+def save_model(model: GPTModel, args, save_dir: str, iteration: int = 7) -> None:
+    state = {name: tensor for name, tensor in model.state_dict().items() if not name.endswith("_extra_state")}
+    write_torch_checkpoint(save_dir, state, args, iteration, tp=1, pp=1)
+
+
+def logits(model: GPTModel, tokens: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(tokens.size(1)).expand_as(tokens)
+    with torch.no_grad():
+        return model(tokens, positions, None)

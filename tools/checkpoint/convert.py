@@ -1,0 +1,19 @@
+"""Megatron's checkpoint converter: reshard torch-format GPT checkpoints to any TP/PP, export to and
+import from Hugging Face (GPT-2, Llama / Mistral / Qwen2).
+
+    python tools/checkpoint/convert.py --model-type GPT --loader core --saver core \\
+        --load-dir ckpt --save-dir ckpt-tp2 --target-tensor-parallel-size 2
+    python tools/checkpoint/convert.py --model-type GPT --loader core --saver hf --load-dir ckpt --save-dir hf-model
+
+The logic lives in megatron/training/checkpoint_conversion/ (convert.py and the loader_*/saver_* plugins).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron.training.checkpoint_conversion.convert import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
