@@ -222,7 +222,8 @@ class MaskedWordPieceDataset(MegatronDataset):
                 min_sentences_per_sample,
             )
         except ValueError as error:
-            raise ValueError(f"{self.dataset_path} ({self.index_split.name}, {len(indices)} documents): {error}") from None
+            where = f"{self.dataset_path} ({self.index_split.name}, {len(indices)} documents)"
+            raise ValueError(f"{where}: {error}") from None
         cache.save({"sample_index": sample_index}, self.unique_description)
         log_single_rank(
             logger,

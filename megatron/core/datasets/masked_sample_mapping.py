@@ -200,7 +200,7 @@ class _DocumentWalker:
         in documents ending at `lasts` (exclusive)."""
         reached = np.searchsorted(self.prefix, self.prefix[starts] + targets, side="left")  # s + 1
         ends = np.maximum(reached, starts + self.min_num_sent)
-        return np.where(ends > lasts - 2, lasts, ends)
+        return np.where(ends > lasts - 2, lasts, ends)  # under two sentences would remain: take them too
 
     def _fixed_samples(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows `[n, 3]` (global ids) of every used document's samples when every target is maximal,
@@ -270,7 +270,7 @@ class _DocumentWalker:
             needed = tokens_before[start - first] + target
             reached = first + bisect.bisect_left(tokens_before, needed, start - first + 1)
             end = max(reached, start + self.min_num_sent)
-            if end > last - 2:
+            if end > last - 2:  # as in _sample_ends
                 end = last
             rows.append((start + self.offset, end + self.offset, target))
             start = end

@@ -46,7 +46,8 @@ class T5MaskedWordPieceDatasetConfig(MaskedWordPieceDatasetConfig):
         problems = []
         if self.sequence_length - _SPECIAL_TOKENS < 2:
             problems.append(
-                f"sequence_length (--encoder-seq-length) must be at least {_SPECIAL_TOKENS + 2}, got {self.sequence_length}"
+                f"sequence_length (--encoder-seq-length) must be at least {_SPECIAL_TOKENS + 2}, got "
+                f"{self.sequence_length}"
             )
         if self.sequence_length_decoder is None or self.sequence_length_decoder < 2:
             problems.append(

@@ -23,7 +23,8 @@ from tests.unit_tests.datasets.masked_fixtures import bert_config, build_dataset
 def bert_factory(sentence_corpus, wordpiece_tokenizer, tmp_path):
     def make(num_samples=300, **overrides):
         return build_dataset(
-            BERTMaskedWordPieceDataset, bert_config, sentence_corpus, wordpiece_tokenizer, tmp_path, num_samples, **overrides
+            BERTMaskedWordPieceDataset, bert_config, sentence_corpus, wordpiece_tokenizer, tmp_path, num_samples,
+            **overrides,
         )
 
     return make
@@ -197,9 +198,9 @@ def test_default_cache_directory_is_next_to_the_data(sentence_corpus, wordpiece_
     for extension in (".bin", ".idx"):
         shutil.copy(prefix + extension, copy + extension)
     config = t5_config(wordpiece_tokenizer, blend=([copy], None), split="1,0,0")
-    dataset = T5MaskedWordPieceDataset(IndexedDataset(copy), copy, np.arange(200), None, masked_dataset.Split.train, config)
+    indices = np.arange(len(documents))
+    dataset = T5MaskedWordPieceDataset(IndexedDataset(copy), copy, indices, None, masked_dataset.Split.train, config)
     directory = os.path.join(copy, "cache", "T5MaskedWordPieceDataset_indices")
-    assert sorted(os.listdir(directory)) == [
-        f"{dataset.unique_description_hash}-T5MaskedWordPieceDataset-{name}" for name in ("description.txt", "sample_index.npy")
-    ]
+    base = f"{dataset.unique_description_hash}-T5MaskedWordPieceDataset"
+    assert sorted(os.listdir(directory)) == [f"{base}-description.txt", f"{base}-sample_index.npy"]
     assert "sequence_length_decoder" in json.loads(dataset.unique_description)

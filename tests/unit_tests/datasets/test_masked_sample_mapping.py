@@ -16,9 +16,10 @@ def boundaries(*documents):
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), sizes
 
 
-def rows(documents, sizes, max_seq_length=10, short_seq_prob=0.0, seed=5489, min_num_sent=1, num_samples=None, epochs=1):
-    """The mapping's rows as a sorted list (the order is the shuffle's, tested against the C++ loop)."""
-    mapping = build_mapping(documents, sizes, epochs, num_samples, max_seq_length, short_seq_prob, seed, False, min_num_sent)
+def rows(documents, sizes, short_seq_prob=0.0, min_num_sent=1, num_samples=None, epochs=1, seed=5489):
+    """The mapping's rows (max_seq_length 10) as a sorted list; the order is the shuffle's, tested
+    against the C++ loop."""
+    mapping = build_mapping(documents, sizes, epochs, num_samples, 10, short_seq_prob, seed, False, min_num_sent)
     return sorted(map(tuple, mapping.tolist()))
 
 
@@ -27,6 +28,8 @@ def test_full_length_samples_cut_where_two_sentences_remain():
     # The second document reaches 10 only at its last sentence: one sample.
     documents, sizes = boundaries([3, 2, 4, 1, 5, 2], [2, 2, 2, 2, 2])
     assert rows(documents, sizes) == [(0, 4, 10), (4, 6, 10), (6, 11, 10)]
+    # The module docstring's example: 4+3+5 >= 10 with two sentences left, then 2+6 to the end.
+    assert rows(*boundaries([4, 3, 5, 2, 6])) == [(0, 3, 10), (3, 5, 10)]
 
 
 def test_short_targets_from_the_mt19937_stream():
