@@ -8,8 +8,8 @@ written: resume with --no-load-optim --no-load-rng, or --finetune.
 """
 
 from megatron.training.checkpoint_conversion.messages import messages_to_state
-from megatron.training.checkpoint_conversion.tensor_parallel_sharding import check_tensor_parallel_size
 from megatron.training.checkpoint_conversion.pipeline_stages import check_pipeline_parallel_size
+from megatron.training.checkpoint_conversion.tensor_parallel_sharding import check_tensor_parallel_size
 from megatron.training.checkpoint_conversion.torch_checkpoint import write_torch_checkpoint
 from megatron.training.checkpoint_conversion.vocab_padding import resize_vocab_rows
 from megatron.training.tokenizer import vocab_size_with_padding
@@ -46,10 +46,10 @@ def save_checkpoint(queue, args) -> None:
     state = messages_to_state(queue.get, metadata, args.checking)
     tp = args.target_tensor_parallel_size or metadata.previous_tensor_parallel_size
     pp = args.target_pipeline_parallel_size or metadata.previous_pipeline_parallel_size
+    check_tensor_parallel_size(metadata.shape, tp)
+    check_pipeline_parallel_size(metadata.num_layers, pp)
     rows = padded_rows(state[_VOCAB_TENSORS[0]].shape[0], metadata.true_vocab_size,
                        metadata.make_vocab_size_divisible_by, tp)
-    check_tensor_parallel_size(metadata.shape, tp, rows)
-    check_pipeline_parallel_size(metadata.num_layers, pp)
     for name in _VOCAB_TENSORS:
         if name in state:
             state[name] = resize_vocab_rows(state[name], rows)

@@ -21,14 +21,13 @@ _ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 _FC1 = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
 
 
-def check_tensor_parallel_size(shape: GPTShape, tp: int, padded_vocab_size: int) -> None:
+def check_tensor_parallel_size(shape: GPTShape, tp: int) -> None:
     """Raises one ValueError listing every dimension that `tp` does not divide, with the legal sizes."""
     problems = []
     dimensions = (
         ("attention heads", shape.num_attention_heads),
         ("query groups", shape.num_query_groups),
         ("ffn_hidden_size", shape.ffn_hidden_size),
-        ("padded vocabulary rows", padded_vocab_size),
     )
     for what, size in dimensions:
         if size % tp:

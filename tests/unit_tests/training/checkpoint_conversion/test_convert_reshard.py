@@ -1,0 +1,151 @@
+"""tools/checkpoint/convert.py core -> core: TP/PP resharding round trips (bitwise), the shards against
+the split rules of reference 8.3/8.4 worked by hand, a TP=2 model loaded from converted shards against
+the TP=1 logits on 2 gloo ranks, vocabulary re-padding, and the errors."""
+
+import os
+
+import pytest
+import torch
+
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.training.arguments import core_transformer_config_from_args
+from megatron.training.checkpoint.files import load_checkpoint_file
+from megatron.training.checkpoint_conversion.convert import main as convert
+from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
+from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.training.checkpoint_conversion.gpt_models import (
+    PADDED_VOCAB,
+    TRUE_VOCAB,
+    build_model,
+    logits,
+    model_args,
+    save_model,
+)
+
+
+def _convert(load_dir, save_dir, *flags):
+    convert(["--model-type", "GPT", "--loader", "core", "--saver", "core", "--load-dir", str(load_dir),
+             "--save-dir", str(save_dir), *map(str, flags)])
+
+
+def _shard(directory, name):
+    return load_checkpoint_file(os.path.join(directory, "iter_0000007", name, "model_optim_rng.pt"))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_tp_and_pp_reshards_round_trip_bitwise(tmp_path, name):
+    args = model_args(name)
+    model = build_model(args)
+    save_model(model, args, str(tmp_path / "tp1"))
+    original = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
+    _convert(tmp_path / "tp1", tmp_path / "tp2pp2", "--target-tensor-parallel-size", 2,
+             "--target-pipeline-parallel-size", 2)
+    assert sorted(os.listdir(tmp_path / "tp2pp2" / "iter_0000007")) == [
+        "mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+    _convert(tmp_path / "tp2pp2", tmp_path / "back", "--target-tensor-parallel-size", 1,
+             "--target-pipeline-parallel-size", 1)
+    back, back_args, iteration, _ = read_torch_checkpoint(str(tmp_path / "back"))
+    assert iteration == 7 and (back_args.tensor_model_parallel_size, back_args.pipeline_model_parallel_size) == (1, 1)
+    assert back.keys() == original.keys()
+    for key in original:
+        assert torch.equal(back[key], original[key]), key
+
+
+def test_shards_follow_the_split_rules(tmp_path):
+    args = model_args("llama")  # 4 heads in 2 groups of width 16, ffn 96, hidden 64, 4 layers
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    full = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
+    _convert(tmp_path / "tp1", tmp_path / "tp2pp2", "--target-tensor-parallel-size", 2,
+             "--target-pipeline-parallel-size", 2)
+    rank_1_stage_1 = _shard(tmp_path / "tp2pp2", "mp_rank_01_001")
+    assert rank_1_stage_1["args"].tensor_model_parallel_size == 2 and rank_1_stage_1["checkpoint_version"] == 3.0
+    shard = rank_1_stage_1["model"]
+    # Stage 1 holds global layers 2, 3 as local 0, 1, the final norm and the untied output layer.
+    assert sorted({key.split(".")[2] for key in shard if key.startswith("decoder.layers.")}) == ["0", "1"]
+    assert "embedding.word_embeddings.weight" not in shard and "decoder.final_layernorm.weight" in shard
+    layer = "decoder.layers.3."
+    # QKV rows per group: (2 query heads + k + v) x 16 = 64 rows per group; TP rank 1 holds group 1.
+    assert torch.equal(shard["decoder.layers.1.self_attention.linear_qkv.weight"],
+                       full[layer + "self_attention.linear_qkv.weight"][64:128])
+    # SwiGLU fc1 = [gate (96 rows); up (96 rows)]; rank 1 holds [gate[48:96]; up[48:96]].
+    fc1 = full[layer + "mlp.linear_fc1.weight"]
+    assert torch.equal(shard["decoder.layers.1.mlp.linear_fc1.weight"], torch.cat([fc1[48:96], fc1[144:192]]))
+    # Row-parallel weights split their input columns; norms are replicated; vocab rows split in two.
+    assert torch.equal(shard["decoder.layers.1.mlp.linear_fc2.weight"], full[layer + "mlp.linear_fc2.weight"][:, 48:])
+    assert torch.equal(shard["decoder.layers.1.input_layernorm.weight"], full[layer + "input_layernorm.weight"])
+    assert torch.equal(shard["output_layer.weight"], full["output_layer.weight"][64:])
+
+
+def test_tied_embeddings_are_on_the_last_stage_when_pipelined(tmp_path):
+    args = model_args("gpt2")
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    full = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
+    assert "output_layer.weight" not in full
+    _convert(tmp_path / "tp1", tmp_path / "pp2", "--target-pipeline-parallel-size", 2)
+    first, last = _shard(tmp_path / "pp2", "mp_rank_00_000")["model"], _shard(tmp_path / "pp2", "mp_rank_00_001")["model"]
+    assert "output_layer.weight" not in first and "embedding.position_embeddings.weight" in first
+    assert torch.equal(last["output_layer.weight"], full["embedding.word_embeddings.weight"])
+
+
+def test_vocabulary_is_repadded_for_the_target_tp(tmp_path):
+    args = model_args("gpt2")  # 100 ids padded to a multiple of 64: 128 rows
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    full = read_torch_checkpoint(str(tmp_path / "tp1"))[0]["embedding.word_embeddings.weight"]
+    _convert(tmp_path / "tp1", tmp_path / "tp4", "--target-tensor-parallel-size", 4, "--true-vocab-size", TRUE_VOCAB)
+    resharded, args4, _, _ = read_torch_checkpoint(str(tmp_path / "tp4"))
+    rows = resharded["embedding.word_embeddings.weight"]
+    assert args4.padded_vocab_size == rows.shape[0] == 256  # 100 rounded up to 64 x 4
+    assert torch.equal(rows[:PADDED_VOCAB], full)
+    assert torch.equal(rows[PADDED_VOCAB:], full[-1].expand(256 - PADDED_VOCAB, -1))
+    _convert(tmp_path / "tp4", tmp_path / "tp1_again", "--target-tensor-parallel-size", 1, "--true-vocab-size",
+             TRUE_VOCAB)
+    assert torch.equal(read_torch_checkpoint(str(tmp_path / "tp1_again"))[0]["embedding.word_embeddings.weight"], full)
+
+
+def _tp2_logits(rank, world_size, checkpoint_dir, tokens):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(1)  # the weights come from the checkpoint; this only sets up the RNG streams
+    checkpoint = _shard(checkpoint_dir, f"mp_rank_{rank:02d}")
+    args = checkpoint["args"]
+    model = GPTModel(
+        core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
+        vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings, parallel_output=False,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+    ).eval()
+    model.load_state_dict(checkpoint["model"], strict=True)
+    return logits(model, tokens)
+
+
+def test_tp2_model_from_converted_shards_computes_the_tp1_logits(tmp_path):
+    tokens = torch.randint(0, TRUE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    expected = {}
+    for name in ("gpt2", "llama"):
+        args = model_args(name)
+        model = build_model(args)
+        expected[name] = logits(model, tokens)
+        save_model(model, args, str(tmp_path / name / "tp1"))
+        _convert(tmp_path / name / "tp1", tmp_path / name / "tp2", "--target-tensor-parallel-size", 2)
+    for name in ("gpt2", "llama"):
+        for result in run_distributed(_tp2_logits, 2, str(tmp_path / name / "tp2"), tokens):
+            torch.testing.assert_close(result, expected[name], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--loader", "nonexistent"], "--loader nonexistent: no such loader"),
+    (["--target-tensor-parallel-size", "3"], "TP 3 must divide the 4 attention heads: legal sizes 1, 2, 4"),
+    (["--target-pipeline-parallel-size", "3"], "must divide the 4 layers"),
+    (["--true-vocab-size", "200"], "the tokenizer has 200 ids but the model only 128 vocabulary rows"),
+    (["--model-type", "BERT"], "--model-type BERT: convert.py converts GPT checkpoints"),
+])
+def test_clear_errors(tmp_path, flags, message):
+    args = model_args("gpt2")
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        convert(["--model-type", "GPT", "--load-dir", str(tmp_path / "tp1"), "--save-dir", str(tmp_path / "out"),
+                 *flags])
+    assert not os.path.exists(tmp_path / "out" / "latest_checkpointed_iteration.txt")
