@@ -1,0 +1,76 @@
+"""`tools/checkpoint/inspect_checkpoint.py`: what a torch-format checkpoint holds, read on the CPU.
+
+    python tools/checkpoint/inspect_checkpoint.py --load-dir checkpoints/gpt [--ckpt-step N] [--no-tensors]
+
+Prints the iteration, checkpoint_version, a summary of the training arguments, the parallel layout
+(which mp_rank_* files exist), and per file the model tensors (name, shape, dtype) and whether optimizer,
+scheduler, RNG state and distrib_optim.pt are present. Works for this project's checkpoints and
+Megatron-LM's (the same format); needs no GPU and builds no model.
+"""
+
+import argparse
+import os
+
+from megatron.training.checkpoint.files import load_checkpoint_file
+from megatron.training.checkpoint_conversion.torch_checkpoint import iteration_directory, rank_files
+
+_ARGS_SUMMARY = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+    "seq_length", "max_position_embeddings", "padded_vocab_size", "normalization", "position_embedding_type",
+    "swiglu", "add_bias_linear", "untie_embeddings_and_output_weights", "tensor_model_parallel_size",
+    "pipeline_model_parallel_size", "tokenizer_type", "consumed_train_samples", "params_dtype",
+)
+_OTHER_STATE = ("optimizer", "opt_param_scheduler", "lr_scheduler", "rng_state", "rerun_state_machine",
+                "num_floating_point_operations_so_far")
+
+
+def _model_lines(model: dict) -> list[str]:
+    lines = []
+    for name, tensor in model.items():
+        if hasattr(tensor, "shape"):
+            lines.append(f"    {name:<60} {str(tuple(tensor.shape)):<16} {str(tensor.dtype).removeprefix('torch.')}")
+        else:
+            lines.append(f"    {name:<60} {type(tensor).__name__}")
+    return lines
+
+
+def describe_checkpoint(load_dir: str, iteration: int | None = None, tensors: bool = True) -> str:
+    """The report printed by the inspector (see the module docstring)."""
+    directory, iteration, release = iteration_directory(load_dir, iteration)
+    files = rank_files(directory)
+    lines = [f"checkpoint {directory}", f"  iteration: {'release' if release else iteration}",
+             f"  parallel layout: {len(files)} file(s): "
+             + ", ".join(os.path.basename(os.path.dirname(path)) for path in files.values())]
+    for index, ((tensor_rank, pipeline_rank), path) in enumerate(sorted(files.items())):
+        checkpoint = load_checkpoint_file(path)
+        if index == 0:
+            lines.append(f"  checkpoint_version: {checkpoint.get('checkpoint_version', 'absent (0)')}")
+            args = checkpoint.get("args")
+            lines.append("  args:" if args is not None else "  args: absent")
+            for name in _ARGS_SUMMARY if args is not None else ():
+                if hasattr(args, name):
+                    lines.append(f"    {name} = {getattr(args, name)}")
+        present = [key for key in _OTHER_STATE if key in checkpoint]
+        absent = [key for key in ("optimizer", "opt_param_scheduler", "rng_state") if key not in checkpoint]
+        distributed_optimizer = os.path.isfile(os.path.join(os.path.dirname(path), "distrib_optim.pt"))
+        lines.append(f"  [tp {tensor_rank}, pp {pipeline_rank}] {path}")
+        lines.append(f"    present: {', '.join(present) or 'none'}; absent: {', '.join(absent) or 'none'}; "
+                     f"distrib_optim.pt: {'yes' if distributed_optimizer else 'no'}")
+        chunks = sorted(key for key in checkpoint if key == "model" or (key.startswith("model") and key[5:].isdigit()))
+        for chunk in chunks:
+            model = checkpoint[chunk]
+            count = sum(tensor.numel() for tensor in model.values() if hasattr(tensor, "numel"))
+            lines.append(f"    {chunk}: {len(model)} entries, {count:,} parameters")
+            if tensors:
+                lines.extend(_model_lines(model))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Show what a torch-format checkpoint holds (CPU only).")
+    parser.add_argument("--load-dir", required=True, help="the checkpoint directory (holding the tracker file)")
+    parser.add_argument("--ckpt-step", type=int, default=None, help="iteration to inspect (default: the latest)")
+    parser.add_argument("--no-tensors", action="store_false", dest="tensors", help="omit the per-tensor listing")
+    options = parser.parse_args(argv)
+    print(describe_checkpoint(options.load_dir, options.ckpt_step, options.tensors), flush=True)
+    return 0

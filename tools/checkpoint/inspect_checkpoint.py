@@ -1,0 +1,19 @@
+"""Show what a torch-format checkpoint holds, on the CPU: iteration, arguments, parallel layout, tensors
+per rank (name, shape, dtype), optimizer / scheduler / RNG presence.
+
+    python tools/checkpoint/inspect_checkpoint.py --load-dir checkpoints/gpt
+
+Not named `inspect.py`: a script's own folder comes first on sys.path, so that name would hide the
+standard library's `inspect` from everything the script imports. The logic lives in
+megatron/training/checkpoint_conversion/inspect_checkpoint.py.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron.training.checkpoint_conversion.inspect_checkpoint import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
