@@ -1,6 +1,7 @@
 """`finalize_model_grads`: everything that must happen to the gradients between backward and the optimizer.
 
-1. data-parallel all-reduce of every chunk's grad buffers (`finish_grad_sync`);
+1. data-parallel reduction of every chunk's grad buffers (`finish_grad_sync`: an all-reduce, or a
+   reduce-scatter for the distributed optimizer; waits for those launched during backward);
 2. with tensor parallelism, all-reduce over TP of the grads of params replicated across TP ranks that
    saw different tokens or heads: norm weights under sequence parallelism (`sequence_parallel=True`)
    and the q/k layernorms (`qk_layernorm`);

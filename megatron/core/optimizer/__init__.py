@@ -95,7 +95,7 @@ def _build_optimizer(
             if is_expert_parallel
             else parallel_state.get_data_parallel_group_gloo(with_context_parallel=True)
         )
-        return DistributedOptimizer(inner, config, _grad_scaler(config, device), model_chunks, buffers, group_gloo)
+        return DistributedOptimizer(inner, config, _grad_scaler(config, device), buffers, group_gloo)
     if not (config.fp16 or config.bf16):
         return FP32Optimizer(inner, config)
     return Float16OptimizerWithFloat16Params(inner, config, _grad_scaler(config, device))

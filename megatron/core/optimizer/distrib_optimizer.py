@@ -42,14 +42,9 @@ _IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
 @dataclass(frozen=True)
 class ShardRange:
-    """The piece [param_start, param_end) of a flattened param that this rank owns. It sits at
-    [buffer_start, buffer_end) of buffer `buffer_index` (bucket `bucket_id`) and at [local_start,
-    local_end) of this rank's shard of that bucket."""
+    """This rank's piece of a param: [param_start, param_end) of the flattened param, which sits at
+    [local_start, local_end) of this rank's shard of the param's bucket."""
 
-    buffer_index: int
-    bucket_id: int
-    buffer_start: int
-    buffer_end: int
     local_start: int
     local_end: int
     param_start: int
@@ -98,7 +93,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         optimizer: torch.optim.Optimizer,
         config: OptimizerConfig,
         grad_scaler: Optional[MegatronGradScaler],
-        model_chunks: Sequence[torch.nn.Module],
         buffers: Sequence,
         data_parallel_group_gloo: Optional[dist.ProcessGroup] = None,
     ):
@@ -113,7 +107,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 "the distributed optimizer needs the model wrapped in DistributedDataParallel with "
                 "DistributedDataParallelConfig(use_distributed_optimizer=True)"
             )
-        self.model_chunks = list(model_chunks)
         self.buffers = list(buffers)
         self.data_parallel_group = self.buffers[0].data_parallel_group if self.buffers else None
         self.data_parallel_group_gloo = data_parallel_group_gloo
@@ -121,14 +114,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self.grad_stats_parallel_group = dist.group.WORLD
 
         self.shard_ranges: Dict[torch.nn.Parameter, ShardRange] = {}
-        for buffer_index, buffer in enumerate(self.buffers):
+        for buffer in self.buffers:
             rank = dist.get_rank(buffer.data_parallel_group)
             for bucket in buffer.buckets:
                 in_bucket = {param: buffer.param_index_map[param][:2] for param in bucket.params_list}
                 pieces = owned_ranges(in_bucket, bucket.offset, bucket.offset + bucket.grad_data.numel(), rank,
                                       buffer.data_parallel_world_size)
-                for param, (in_buffer, local, in_param) in pieces.items():
-                    self.shard_ranges[param] = ShardRange(buffer_index, bucket.bucket_id, *in_buffer, *local, *in_param)
+                for param, (_, local, in_param) in pieces.items():
+                    self.shard_ranges[param] = ShardRange(*local, *in_param)
 
         # Index-aligned lists over the params this rank owns a piece of, in param-group order.
         self.model_params: List[torch.nn.Parameter] = []

@@ -19,7 +19,7 @@ gathers them (S x dp = padded bucket) and keeps the unpadded stretch; loading re
 scatter. The collectives use the gloo twin of the data-parallel group on the CPU when there is one.
 """
 
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,16 @@ def _params_device(optimizer) -> torch.device:
     return optimizer.buffers[0].grad_data.device
 
 
+def _owned_state(optimizer, bucket) -> Iterator[Tuple[object, int, Optional[torch.Tensor]]]:
+    """(this rank's piece of a param, row of STATE_KEYS, that row's tensor) for the params of `bucket`."""
+    for param in bucket.params_list:
+        piece = optimizer.shard_ranges.get(param)
+        if piece is not None:
+            tensors = optimizer.main_param_and_state(param)
+            for row, key in enumerate(STATE_KEYS):
+                yield piece, row, tensors[key]
+
+
 def gather_parameter_state_dp_zero(optimizer) -> Optional[dict]:
     """All ranks' main params and Adam moments of `optimizer` (a DistributedOptimizer) on data-parallel
     rank 0, in the layout above; None on the other ranks. Entries of Adam moments that do not exist yet
@@ -53,14 +63,9 @@ def gather_parameter_state_dp_zero(optimizer) -> Optional[dict]:
         offset = 0
         for bucket in buffer.buckets:
             local = torch.zeros(len(STATE_KEYS), bucket.grad_data.numel() // size, device=_params_device(optimizer))
-            for param in bucket.params_list:
-                piece = optimizer.shard_ranges.get(param)
-                if piece is None:
-                    continue
-                tensors = optimizer.main_param_and_state(param)
-                for row, key in enumerate(STATE_KEYS):
-                    if tensors[key] is not None:
-                        local[row, piece.local_start : piece.local_end] = tensors[key].detach()
+            for piece, row, tensor in _owned_state(optimizer, bucket):
+                if tensor is not None:
+                    local[row, piece.local_start : piece.local_end] = tensor.detach()
             local = local.to(device)
             received = [torch.empty_like(local) for _ in range(size)] if rank == 0 else None
             dist.gather(local, received, dst=root, group=group)
@@ -123,13 +128,8 @@ def scatter_parameter_state_dp_zero(optimizer, state_dict: Optional[dict]) -> No
                 shards = [shard.contiguous() for shard in padded.split(numel // size, dim=1)]
             dist.scatter(received, shards, src=root, group=group)
             received = received.to(_params_device(optimizer))
-            for param in bucket.params_list:
-                piece = optimizer.shard_ranges.get(param)
-                if piece is None:
-                    continue
-                tensors = optimizer.main_param_and_state(param)
-                for row, key in enumerate(STATE_KEYS):
-                    if tensors[key] is None:
-                        raise RuntimeError("load the optimizer's state_dict (load_state_dict) before its param state")
-                    tensors[key].detach().copy_(received[row, piece.local_start : piece.local_end])
+            for piece, row, tensor in _owned_state(optimizer, bucket):
+                if tensor is None:
+                    raise RuntimeError("load the optimizer's state_dict (load_state_dict) before its param state")
+                tensor.detach().copy_(received[row, piece.local_start : piece.local_end])
             offset += unpadded

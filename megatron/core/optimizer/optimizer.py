@@ -375,9 +375,9 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         # Older Megatron checkpoints used 'optimizer_state_dict' and 'fp32_from_fp16'.
         optimizer_state = state_dict["optimizer" if "optimizer" in state_dict else "optimizer_state_dict"]
+        order = reorder_saved_param_groups(self.optimizer.param_groups, optimizer_state["param_groups"])
         main_params_key = "fp32_from_fp16_params" if "fp32_from_fp16_params" in state_dict else "fp32_from_fp16"
         saved_main_params = state_dict[main_params_key]
-        order = reorder_saved_param_groups(self.optimizer.param_groups, optimizer_state["param_groups"])
         optimizer_state = dict(optimizer_state, param_groups=[optimizer_state["param_groups"][i] for i in order])
         self.optimizer.load_state_dict(optimizer_state)
         self._load_grad_scaler_state(state_dict)
@@ -424,5 +424,8 @@ class FP32Optimizer(MegatronOptimizer):
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        order = reorder_saved_param_groups(self.optimizer.param_groups, state_dict["param_groups"])
+        # A distributed optimizer's state nests its param groups (without params) under "optimizer": the
+        # reordering below then says so.
+        saved_groups = state_dict.get("param_groups") or state_dict.get("optimizer", {}).get("param_groups", [])
+        order = reorder_saved_param_groups(self.optimizer.param_groups, saved_groups)
         self.optimizer.load_state_dict(dict(state_dict, param_groups=[state_dict["param_groups"][i] for i in order]))

@@ -35,9 +35,6 @@ UNSUPPORTED = (
     Unsupported("--expert-model-parallel-size", "expert parallelism (EP > 1) is not supported yet; use 1"),
     Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
                                      "(Megatron does it with Transformer Engine userbuffers)"),
-    Unsupported("--use-distributed-optimizer", "the distributed optimizer is not supported yet"),
-    Unsupported("--overlap-grad-reduce", "overlapping the gradient reduction is not supported yet"),
-    Unsupported("--overlap-param-gather", "overlapping the parameter all-gather is not supported yet"),
     Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
     Unsupported("--use-megatron-fsdp", "FSDP is not supported yet"),
     Unsupported("--fp8-format", "FP8 training is not supported yet"),

@@ -56,13 +56,16 @@ def load_distributed_optimizer_state(optimizer, model_checkpoint_name) -> None:
     filename = get_distributed_optimizer_checkpoint_name(model_checkpoint_name)
     state, problem = None, None
     if _data_parallel_rank() == 0:
-        try:
-            state = load_checkpoint_file(filename)
-        except (FileNotFoundError, ValueError) as error:
+        if not os.path.isfile(filename):
             problem = (
-                f"{error}\nthe distributed optimizer (--use-distributed-optimizer) keeps its state in "
-                f"{DISTRIBUTED_OPTIMIZER_BASENAME}: was this checkpoint saved without it? Then pass --no-load-optim"
+                f"{filename} does not exist: the distributed optimizer (--use-distributed-optimizer) keeps its "
+                "state there. Was the checkpoint saved without it? Then resume without it, or pass --no-load-optim"
             )
+        else:
+            try:
+                state = load_checkpoint_file(filename)
+            except ValueError as error:
+                problem = str(error)
     if dist.is_initialized():
         # Only DP rank 0 reads the file; the others must fail with it instead of waiting in the scatter.
         group = parallel_state.get_data_parallel_group_gloo(with_context_parallel=True)

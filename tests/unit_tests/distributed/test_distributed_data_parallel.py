@@ -16,12 +16,14 @@ MODEL_CONFIG = SimpleNamespace(calculate_per_token_loss=False)
 
 
 class MLP(torch.nn.Module):
-    def __init__(self, seed=0, dtype=torch.float32):
+    """8 -> hidden -> LayerNorm -> ReLU -> 4."""
+
+    def __init__(self, seed=0, dtype=torch.float32, hidden=16):
         super().__init__()
         torch.manual_seed(seed)
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.norm = torch.nn.LayerNorm(16)
-        self.fc2 = torch.nn.Linear(16, 4)
+        self.fc1 = torch.nn.Linear(8, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.fc2 = torch.nn.Linear(hidden, 4)
         self.to(dtype)
 
     def forward(self, x):
@@ -31,16 +33,6 @@ class MLP(torch.nn.Module):
 def batch(step, rows=8):
     generator = torch.Generator().manual_seed(step)
     return torch.randn(rows, 8, generator=generator), torch.randn(rows, 4, generator=generator)
-
-
-@pytest.fixture
-def single_rank_groups():
-    """A one-process gloo group with parallel_state set up, for tests that need no peers."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def test_buckets_cover_every_param_once_in_reverse_order(single_rank_groups):

@@ -9,8 +9,6 @@ from .conftest import MINIMAL
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--use-distributed-optimizer"], "--use-distributed-optimizer: the distributed optimizer is not supported yet"),
-    (["--overlap-grad-reduce"], "--overlap-grad-reduce: overlapping the gradient reduction is not supported yet"),
     (["--use-torch-fsdp2"], "--use-torch-fsdp2: FSDP is not supported yet"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp: FSDP is not supported yet"),
     (["--fp8-format", "e4m3"], "--fp8-format e4m3: FP8 training is not supported yet"),
