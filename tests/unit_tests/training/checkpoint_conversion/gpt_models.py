@@ -25,15 +25,20 @@ def model_args(name: str, *flags):
     return args
 
 
-def build_model(args, seed: int = 3) -> GPTModel:
-    """The GPT of `args` with every weight random and O(1) (norms and biases too), in eval mode."""
-    torch.manual_seed(seed)
-    model = GPTModel(
+def gpt_model(args, **kwargs) -> GPTModel:
+    """The GPTModel of `args` as pretrain_gpt.py's model_provider builds it, for this process's TP rank."""
+    return GPTModel(
         core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
         vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
+        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base, **kwargs,
     )
+
+
+def build_model(args, seed: int = 3) -> GPTModel:
+    """The GPT of `args` with every weight random and O(1) (norms and biases too), in eval mode."""
+    torch.manual_seed(seed)
+    model = gpt_model(args)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(0.2 * torch.randn_like(param) + (1.0 if "layernorm" in name and name.endswith("weight") else 0.0))

@@ -9,7 +9,6 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.checkpoint.files import load_checkpoint_file
 from megatron.training.checkpoint_conversion.convert import main as convert
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
@@ -18,6 +17,7 @@ from tests.unit_tests.training.checkpoint_conversion.gpt_models import (
     PADDED_VOCAB,
     TRUE_VOCAB,
     build_model,
+    gpt_model,
     logits,
     model_args,
     save_model,
@@ -103,22 +103,17 @@ def test_vocabulary_is_repadded_for_the_target_tp(tmp_path):
     assert torch.equal(read_torch_checkpoint(str(tmp_path / "tp1_again"))[0]["embedding.word_embeddings.weight"], full)
 
 
-def _tp2_logits(rank, world_size, checkpoint_dir, tokens):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
+def _tp2_logits(rank, world_size, checkpoint_dirs, tokens):
+    """{checkpoint dir: full logits} of TP=2 models loaded from each directory's shard of this rank."""
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model_parallel_cuda_manual_seed(1)  # the weights come from the checkpoint; this only sets up the RNG streams
-    checkpoint = _shard(checkpoint_dir, f"mp_rank_{rank:02d}")
-    args = checkpoint["args"]
-    model = GPTModel(
-        core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
-        vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings, parallel_output=False,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base,
-    ).eval()
-    model.load_state_dict(checkpoint["model"], strict=True)
-    return logits(model, tokens)
+    results = {}
+    for checkpoint_dir in checkpoint_dirs:
+        checkpoint = _shard(checkpoint_dir, f"mp_rank_{rank:02d}")
+        model = gpt_model(checkpoint["args"], parallel_output=False).eval()
+        model.load_state_dict(checkpoint["model"], strict=True)
+        results[checkpoint_dir] = logits(model, tokens)
+    return results
 
 
 def test_tp2_model_from_converted_shards_computes_the_tp1_logits(tmp_path):
@@ -130,9 +125,10 @@ def test_tp2_model_from_converted_shards_computes_the_tp1_logits(tmp_path):
         expected[name] = logits(model, tokens)
         save_model(model, args, str(tmp_path / name / "tp1"))
         _convert(tmp_path / name / "tp1", tmp_path / name / "tp2", "--target-tensor-parallel-size", 2)
-    for name in ("gpt2", "llama"):
-        for result in run_distributed(_tp2_logits, 2, str(tmp_path / name / "tp2"), tokens):
-            torch.testing.assert_close(result, expected[name], atol=1e-5, rtol=0)
+    directories = {name: str(tmp_path / name / "tp2") for name in expected}
+    for result in run_distributed(_tp2_logits, 2, list(directories.values()), tokens):  # one spawn for both
+        for name, directory in directories.items():
+            torch.testing.assert_close(result[directory], expected[name], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("flags, message", [
