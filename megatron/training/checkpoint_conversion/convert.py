@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Megatron checkpoint converter: reshard torch-format checkpoints (TP/PP, vocabulary padding) "
                     "and convert to / from Hugging Face. Model weights only: optimizer, scheduler and RNG state "
                     "(and distrib_optim.pt) are not converted, so resume with --no-load-optim --no-load-rng.",
-        allow_abbrev=False, conflict_handler="resolve",
+        allow_abbrev=False, conflict_handler="resolve", add_help=False,  # --help comes after the plugins' flags
     )
     parser.add_argument("--model-type", required=True, choices=["GPT", "BERT"], help="type of the model")
     parser.add_argument("--loader", default="core", help="loader plugin: core (torch format), hf, or a module name")
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     loader, saver = load_plugin("loader", known.loader), load_plugin("saver", known.saver)
     loader.add_arguments(parser)
     saver.add_arguments(parser)
+    parser.add_argument("-h", "--help", action="help", help="show this help (with the chosen plugins' flags)")
     args = parser.parse_args(argv)
     if args.model_type == "BERT":
         raise ValueError("--model-type BERT: convert.py converts GPT checkpoints so far; export BERT to Hugging Face "
