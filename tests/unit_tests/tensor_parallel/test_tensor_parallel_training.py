@@ -209,10 +209,32 @@ def _sequence_parallel_dropout(sequence_parallel: bool) -> list[torch.Tensor]:
     return outputs
 
 
+def _recompute_difference() -> float:
+    """Largest difference in loss and grads between full recompute and none, at TP=2 with SP and dropout:
+    the recomputed forward must draw the same per-rank dropout masks."""
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    tokens, labels = _global_batches()[0]
+    outcomes = []
+    for recompute in ({}, dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)):
+        model_parallel_cuda_manual_seed(321)
+        torch.manual_seed(11)
+        config = TransformerConfig(
+            **MODELS["gpt2"]["config"], tensor_model_parallel_size=2, sequence_parallel=True,
+            use_cpu_initialization=True, hidden_dropout=0.3, attention_dropout=0.3, **recompute,
+        )
+        model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ)
+        loss = model(tokens[:MICRO_BATCH], POSITIONS, None, labels=labels[:MICRO_BATCH]).sum()
+        loss.backward()
+        outcomes.append([loss.detach()] + [param.grad for param in model.parameters()])
+    parallel_state.destroy_model_parallel()
+    return max((a - b).abs().max().item() for a, b in zip(*outcomes))
+
+
 def _all_checks(rank, world_size, references):
     return {
         "layouts": {layout: _tensor_parallel_run(*layout, references[layout[0]]) for layout in LAYOUTS},
         "dropout": {sequence_parallel: _sequence_parallel_dropout(sequence_parallel) for sequence_parallel in (False, True)},
+        "recompute": _recompute_difference(),
     }
 
 
@@ -242,3 +264,7 @@ def test_hidden_dropout_differs_across_tp_ranks_only_under_sequence_parallelism(
         assert set(torch.cat(outputs).unique().tolist()) == {0.0, 2.0, 4.0}  # two dropout(1) masks, p = 0.5
     assert torch.equal(replicated[0], replicated[1])
     assert not torch.equal(sequence_parallel[0], sequence_parallel[1])
+
+
+def test_recompute_replays_the_sequence_parallel_dropout(results):
+    assert all(per_rank["recompute"] < 1e-6 for per_rank in results), [r["recompute"] for r in results]
