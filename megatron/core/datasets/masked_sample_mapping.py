@@ -95,14 +95,13 @@ def build_mapping(
                 f"{min_num_sent} sentence(s), and documents of several sentences must have none longer than "
                 f"{LONG_SENTENCE_LEN} tokens ({walker.describe_skipped()})"
             )
-        epochs.append(rows)
+        epochs.append(rows.astype(dtype))  # the narrow type at once: many epochs may be needed
         num_samples += len(rows)
     if verbose:
         logger.info(f"   will create mapping for {num_samples} samples from {len(epochs)} epoch(s)")
 
-    mapping = np.concatenate(epochs) if epochs else np.empty((0, 3), dtype=np.int64)
-    mapping = mapping[fisher_yates_order(num_samples, MT19937_64(seed + 1))]
-    return mapping.astype(dtype)
+    mapping = np.concatenate(epochs) if epochs else np.empty((0, 3), dtype=dtype)
+    return mapping[fisher_yates_order(num_samples, MT19937_64(seed + 1))]
 
 
 def _check_arguments(num_epochs, max_seq_length, short_seq_prob, seed, min_num_sent) -> int:
