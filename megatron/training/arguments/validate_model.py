@@ -7,6 +7,7 @@
 
 import argparse
 
+from megatron.core.model_parallel_config import divisors
 from megatron.core.transformer.transformer_config import tensor_parallel_sizes_for_attention
 from megatron.training.arguments.reporting import warn_rank_0
 from megatron.training.arguments.validate_parallel import legal_sizes
@@ -78,8 +79,9 @@ def _check_tensor_parallel_split(args, problems) -> None:
             problems.append(f"--num-query-groups {groups} must be a multiple or a divisor of "
                             f"--tensor-model-parallel-size {tp}; valid TP sizes: {legal}")
     if args.ffn_hidden_size and args.ffn_hidden_size % tp:
+        legal = ", ".join(str(size) for size in divisors(heads) if args.ffn_hidden_size % size == 0)
         problems.append(f"--ffn-hidden-size {args.ffn_hidden_size} must be divisible by "
-                        f"--tensor-model-parallel-size {tp}")
+                        f"--tensor-model-parallel-size {tp}; valid TP sizes (dividing it and the heads): {legal}")
 
 
 def _derive_sequence_lengths(args, problems) -> None:

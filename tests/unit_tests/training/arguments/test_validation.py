@@ -186,3 +186,18 @@ def test_validating_twice_gives_the_same_arguments(validated):
     args = validated(*MINIMAL, "--checkpoint-activations", "--swiglu")
     once = dict(vars(args))
     assert vars(validate_args(args)) == once
+
+
+def test_tensor_parallel_divisibility_lists_legal_tp_sizes(problems, validated, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    args = validated(*MINIMAL, "--tensor-model-parallel-size", "4", "--sequence-parallel",
+                     "--group-query-attention", "--num-query-groups", "2")  # 2 TP ranks share each key/value head
+    assert (args.tensor_model_parallel_size, args.num_query_groups, args.sequence_parallel) == (4, 2, True)
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    message = problems(*flags_without("--hidden-size", "--num-attention-heads"), "--hidden-size", "96",
+                       "--num-attention-heads", "12", "--group-query-attention", "--num-query-groups", "4",
+                       "--ffn-hidden-size", "100", "--tensor-model-parallel-size", "6")
+    assert ("--num-query-groups 4 must be a multiple or a divisor of --tensor-model-parallel-size 6; "
+            "valid TP sizes: 1, 2, 4, 12") in message
+    assert ("--ffn-hidden-size 100 must be divisible by --tensor-model-parallel-size 6; valid TP sizes (dividing "
+            "it and the heads): 1, 2, 4") in message
