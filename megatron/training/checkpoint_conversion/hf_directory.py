@@ -67,13 +67,19 @@ def _copier(source: str):
     return copy
 
 
+def _is_tokenizer_file(name: str) -> bool:
+    """The files of a Hugging Face tokenizer (not the model's config.json or weights in the same folder)."""
+    return name.startswith(("tokenizer", "vocab", "special_tokens_map", "added_tokens")) or name in (
+        "merges.txt", "chat_template.jinja")
+
+
 def copy_tokenizer_files(save_dir: str, files: dict[str, str]) -> list[str]:
-    """Copies {source path: name in save_dir} (a source directory: each of its files under its own name);
-    returns the names written."""
+    """Copies {source path: name in save_dir} (a source directory: its tokenizer files under their own
+    names); returns the names written."""
     copied = []
     for source, name in files.items():
-        pairs = ([(os.path.join(source, entry), entry) for entry in sorted(os.listdir(source))]
-                 if os.path.isdir(source) else [(source, name)])
+        pairs = ([(os.path.join(source, entry), entry) for entry in sorted(os.listdir(source))
+                  if _is_tokenizer_file(entry)] if os.path.isdir(source) else [(source, name)])
         for path, target in pairs:
             if os.path.isfile(path):
                 write_atomically(os.path.join(save_dir, target), _copier(path))

@@ -95,3 +95,38 @@ def test_sharded_safetensors_with_index(tmp_path):
     assert not os.path.exists(tmp_path / "hf" / "model.safetensors")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     assert hf.model.layers[3].mlp.gate_proj.weight.shape == (96, 64)
+
+
+def _byte_level_bpe(directory) -> tuple[str, str]:
+    """vocab.json + merges.txt of a byte-level BPE of about 300 tokens with `<|endoftext|>`, trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20, "hello world " * 30], trainer)
+    tokenizer.model.save(str(directory))
+    return str(directory / "vocab.json"), str(directory / "merges.txt")
+
+
+def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_path):
+    from megatron.training.tokenizer import GPT2BPETokenizer
+
+    (tmp_path / "tokenizer").mkdir()
+    vocab_file, merge_file = _byte_level_bpe(tmp_path / "tokenizer")
+    ours = GPT2BPETokenizer(vocab_file, merge_file)
+    args = model_args("gpt2", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab_file,
+                      "--merge-file", merge_file)
+    args.padded_vocab_size = 320  # ~300 ids up to a multiple of 64
+    save_model(build_model(args), args, str(tmp_path / "megatron"))
+    convert(["--model-type", "GPT", "--loader", "core", "--saver", "hf", "--load-dir", str(tmp_path / "megatron"),
+             "--save-dir", str(tmp_path / "hf")])  # no --true-vocab-size: the tokenizer is built and asked
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["vocab_size"] == ours.vocab_size and 256 < ours.vocab_size <= 300
+    assert config["eos_token_id"] == ours.eod and json.loads(
+        (tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == ours.eod
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    text = "the lazy fox says hello world"
+    assert theirs(text)["input_ids"] == ours.tokenize(text)
+    assert transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).transformer.wte.weight.shape[0] == ours.vocab_size
