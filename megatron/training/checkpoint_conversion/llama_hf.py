@@ -42,7 +42,8 @@ def qkv_to_llama(qkv: torch.Tensor, shape: GPTShape) -> tuple[torch.Tensor, torc
 
     View [ng, np/ng + 2, hn, ...]: each group's np/ng query heads, then its key head, then its value head.
     """
-    groups, per_group, hn = shape.num_query_groups, shape.num_attention_heads // shape.num_query_groups, shape.kv_channels
+    groups, hn = shape.num_query_groups, shape.kv_channels
+    per_group = shape.num_attention_heads // groups
     rest = qkv.shape[1:]
     grouped = qkv.reshape(groups, per_group + 2, hn, *rest)
     q = grouped[:, :per_group].reshape(groups * per_group * hn, *rest)
@@ -81,7 +82,8 @@ def _layer_to_llama(state: dict, i: int, shape: GPTShape) -> dict:
         f"{hf}mlp.down_proj.weight": state[f"{megatron}mlp.linear_fc2.weight"],
     }
     q, k, v = qkv_to_llama(state[f"{megatron}self_attention.linear_qkv.weight"], shape)
-    out.update({f"{hf}self_attn.q_proj.weight": q, f"{hf}self_attn.k_proj.weight": k, f"{hf}self_attn.v_proj.weight": v})
+    out.update({f"{hf}self_attn.q_proj.weight": q, f"{hf}self_attn.k_proj.weight": k,
+                f"{hf}self_attn.v_proj.weight": v})
     gate, up = fc1_to_llama(state[f"{megatron}mlp.linear_fc1.weight"])
     out.update({f"{hf}mlp.gate_proj.weight": gate, f"{hf}mlp.up_proj.weight": up})
     if shape.qkv_bias:

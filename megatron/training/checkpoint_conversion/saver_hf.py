@@ -31,8 +31,10 @@ def export_hf(save_dir: str, state: dict, metadata, max_shard_bytes: int = DEFAU
     else:
         raise ValueError("this GPT has no Hugging Face counterpart here:\n  as GPT2LMHeadModel: "
                          + "; ".join(gpt2_problems) + "\n  as LlamaForCausalLM: " + "; ".join(llama_problems))
-    tokenizer_config = ({"tokenizer_class": tokenizer.tokenizer_class, "model_max_length": shape.max_position_embeddings}
-                        if tokenizer.tokenizer_class and tokenizer.files else None)
+    tokenizer_config = None
+    if tokenizer.tokenizer_class and tokenizer.files:
+        tokenizer_config = {"tokenizer_class": tokenizer.tokenizer_class,
+                            "model_max_length": shape.max_position_embeddings}
     write_hf_directory(save_dir, hf_state, config, tokenizer.files, tokenizer_config, max_shard_bytes)
     return config
 

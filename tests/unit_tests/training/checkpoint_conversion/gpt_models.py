@@ -41,7 +41,8 @@ def build_model(args, seed: int = 3) -> GPTModel:
     model = gpt_model(args)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(0.2 * torch.randn_like(param) + (1.0 if "layernorm" in name and name.endswith("weight") else 0.0))
+            norm_scale = "layernorm" in name and name.endswith("weight")
+            param.copy_(0.2 * torch.randn_like(param) + (1.0 if norm_scale else 0.0))
     return model.eval()
 
 

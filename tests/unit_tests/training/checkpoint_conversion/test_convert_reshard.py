@@ -83,7 +83,8 @@ def test_tied_embeddings_are_on_the_last_stage_when_pipelined(tmp_path):
     full = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
     assert "output_layer.weight" not in full
     _convert(tmp_path / "tp1", tmp_path / "pp2", "--target-pipeline-parallel-size", 2)
-    first, last = _shard(tmp_path / "pp2", "mp_rank_00_000")["model"], _shard(tmp_path / "pp2", "mp_rank_00_001")["model"]
+    first = _shard(tmp_path / "pp2", "mp_rank_00_000")["model"]
+    last = _shard(tmp_path / "pp2", "mp_rank_00_001")["model"]
     assert "output_layer.weight" not in first and "embedding.position_embeddings.weight" in first
     assert torch.equal(last["output_layer.weight"], full["embedding.word_embeddings.weight"])
 

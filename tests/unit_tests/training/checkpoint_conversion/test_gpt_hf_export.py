@@ -129,4 +129,5 @@ def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_pa
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     text = "the lazy fox says hello world"
     assert theirs(text)["input_ids"] == ours.tokenize(text)
-    assert transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).transformer.wte.weight.shape[0] == ours.vocab_size
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert hf.transformer.wte.weight.shape[0] == ours.vocab_size
