@@ -44,29 +44,33 @@ def load_plugin(kind: str, name: str):
     raise ValueError(f"--{kind} {name}: no such {kind}; built in: core, hf (looked for {', '.join(candidates)})")
 
 
+class SaverStopped(RuntimeError):
+    """The loader's `put` after the saver thread ended: the saver's own error (if any) is the one to report."""
+
+
 class MessageQueue:
     """A bounded queue between the loader (this thread) and the saver thread that gives up, instead of
-    waiting forever, once the other side has failed."""
+    waiting forever, once the other side has stopped (failed, or a saver returned early)."""
 
     def __init__(self, maxsize: int):
         self._queue = queue.Queue(maxsize=maxsize)
-        self.failed = threading.Event()
+        self.stopped = threading.Event()
 
     def put(self, message) -> None:
-        while not self.failed.is_set():
+        while not self.stopped.is_set():
             try:
                 self._queue.put(message, timeout=_POLL_SECONDS)
                 return
             except queue.Full:
                 continue
-        raise RuntimeError("the saver failed; stopping the loader")
+        raise SaverStopped("the saver has stopped before taking every message; stopping the loader")
 
     def get(self):
         while True:
             try:
                 return self._queue.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                if self.failed.is_set():
+                if self.stopped.is_set():
                     return "exit"
 
 
@@ -108,14 +112,20 @@ def main(argv: list[str] | None = None) -> int:
             saver.save_checkpoint(messages, args)
         except BaseException as error:  # re-raised in the main thread below
             saver_errors.append(error)
-            messages.failed.set()
+        finally:
+            messages.stopped.set()
 
     saver_thread = threading.Thread(target=run_saver, name="convert-saver")
     saver_thread.start()
     try:
         loader.load_checkpoint(messages, args)
-    except BaseException:
-        messages.failed.set()
+    except SaverStopped:
+        saver_thread.join()
+        if saver_errors:
+            raise saver_errors[0]
+        raise
+    except BaseException:  # the loader's own failure: the saver sees "exit" and stops
+        messages.stopped.set()
         saver_thread.join()
         raise
     saver_thread.join()

@@ -43,11 +43,11 @@ def save_checkpoint(queue, args) -> None:
     metadata = queue.get()
     if metadata == "exit":
         raise RuntimeError("the loader failed before sending metadata")
-    state = messages_to_state(queue.get, metadata, args.checking)
     tp = args.target_tensor_parallel_size or metadata.previous_tensor_parallel_size
     pp = args.target_pipeline_parallel_size or metadata.previous_pipeline_parallel_size
-    check_tensor_parallel_size(metadata.shape, tp)
+    check_tensor_parallel_size(metadata.shape, tp)  # before the weights arrive: fail fast
     check_pipeline_parallel_size(metadata.num_layers, pp)
+    state = messages_to_state(queue.get, metadata, args.checking)
     rows = padded_rows(state[_VOCAB_TENSORS[0]].shape[0], metadata.true_vocab_size,
                        metadata.make_vocab_size_divisible_by, tp)
     for name in _VOCAB_TENSORS:

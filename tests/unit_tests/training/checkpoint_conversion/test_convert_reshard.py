@@ -146,3 +146,16 @@ def test_clear_errors(tmp_path, flags, message):
         convert(["--model-type", "GPT", "--load-dir", str(tmp_path / "tp1"), "--save-dir", str(tmp_path / "out"),
                  *flags])
     assert not os.path.exists(tmp_path / "out" / "latest_checkpointed_iteration.txt")
+
+
+def test_saver_error_stops_a_loader_that_runs_ahead(tmp_path):
+    args = model_args("gpt2")
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    # A queue of 1 message: the loader blocks on put until the failed saver stops it; the saver's error wins.
+    with pytest.raises(ValueError, match="TP 3 must divide"):
+        _convert(tmp_path / "tp1", tmp_path / "out", "--max-queue-size", 1, "--target-tensor-parallel-size", 3)
+
+
+def test_loader_error_is_reported_and_the_saver_stops(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no torch-format checkpoint"):
+        _convert(tmp_path / "missing", tmp_path / "out")
