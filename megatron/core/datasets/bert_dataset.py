@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.masked_dataset import MaskedWordPieceDataset, MaskedWordPieceDatasetConfig, padded
-from megatron.core.datasets.split import Split
 
 _SPECIAL_TOKENS = 3  # [CLS], [SEP], [SEP]
 
@@ -57,20 +55,11 @@ class BERTMaskedWordPieceDataset(MaskedWordPieceDataset):
     * `truncated`: 1 if tokens were dropped to fit the target length.
     """
 
-    def __init__(
-        self,
-        indexed_dataset: IndexedDataset,
-        dataset_path: str | None,
-        indexed_indices: np.ndarray,
-        num_samples: int | None,
-        index_split: Split,
-        config: BERTMaskedWordPieceDatasetConfig,
-    ) -> None:
-        super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config)
-        self.token_lookup = list(config.tokenizer.inv_vocab.keys())
-        self.sample_index = self._build_sample_index(
-            config.sequence_length - _SPECIAL_TOKENS, 2 if config.classification_head else 1
-        )
+    special_tokens_per_sample = _SPECIAL_TOKENS
+
+    def _min_sentences_per_sample(self) -> int:
+        """Two with the binary head: sentence order prediction needs a boundary to swap at."""
+        return 2 if self.config.classification_head else 1
 
     @staticmethod
     def _key_config_attributes() -> list[str]:

@@ -159,6 +159,17 @@ class MaskedWordPieceDataset(MegatronDataset):
         if config.masking_use_longer_ngrams:
             probabilities = probabilities[::-1]
         self._ngram_probabilities = probabilities / probabilities.sum(keepdims=True)
+        self.token_lookup = list(tokenizer.inv_vocab.keys())
+        self.sample_index = self._build_sample_index(
+            config.sequence_length - self.special_tokens_per_sample, self._min_sentences_per_sample()
+        )
+
+    special_tokens_per_sample: int
+    """Positions a sample's special tokens take, left out of its target length."""
+
+    def _min_sentences_per_sample(self) -> int:
+        """Sentences a sample holds at least (documents with fewer are skipped)."""
+        return 1
 
     @staticmethod
     def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:

@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.masked_dataset import (
     MaskedWordPieceDataset,
     MaskedWordPieceDatasetConfig,
     missing_tokenizer_attributes,
     padded,
 )
-from megatron.core.datasets.split import Split
 
 _SPECIAL_TOKENS = 2  # room left for [BOS] and [EOS], as in Megatron-LM
 
@@ -79,17 +77,7 @@ class T5MaskedWordPieceDataset(MaskedWordPieceDataset):
     * `truncated`: 1 if the sentences were cut to the target length.
     """
 
-    def __init__(
-        self,
-        indexed_dataset: IndexedDataset,
-        dataset_path: str | None,
-        indexed_indices: np.ndarray,
-        num_samples: int | None,
-        index_split: Split,
-        config: T5MaskedWordPieceDatasetConfig,
-    ) -> None:
-        super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config)
-        self.sample_index = self._build_sample_index(config.sequence_length - _SPECIAL_TOKENS, 1)
+    special_tokens_per_sample = _SPECIAL_TOKENS
 
     @staticmethod
     def _key_config_attributes() -> list[str]:
