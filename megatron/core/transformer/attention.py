@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -166,3 +167,102 @@ def causal_mask_over_cache(num_queries: int, num_keys: int, device: torch.device
         return None, AttnMaskType.no_mask
     masked = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).triu(num_keys - num_queries + 1)
     return masked, None  # [sq, sk], True = masked
+
+
+@dataclass
+class CrossAttentionSubmodules:
+    """Module slots of `CrossAttention`."""
+
+    linear_q: Any = None
+    linear_kv: Any = None
+    core_attention: Any = None
+    linear_proj: Any = None
+
+
+class CrossAttention(MegatronModule):
+    """Decoder queries [sq, b, h] attend to encoder keys/values [sk, b, h] (T5); returns ([sq, b, h],
+    linear_proj bias or None).
+
+    `linear_q.weight` is [np*hn, h]; `linear_kv.weight` [np * 2 * hn, h] holds per head its key rows then
+    its value rows (k0 v0 k1 v1 ...), so the column-parallel split gives each TP rank np/p whole heads.
+    Every query head has its own key/value head, as in Megatron-Core.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        submodules: CrossAttentionSubmodules,
+        layer_number: int,
+        attn_mask_type: AttnMaskType = AttnMaskType.padding,
+    ):
+        super().__init__(config)
+        if config.num_query_groups != config.num_attention_heads:
+            raise ValueError(
+                f"CrossAttention has one key/value head per query head: num_query_groups "
+                f"({config.num_query_groups}) must equal num_attention_heads ({config.num_attention_heads})"
+            )
+        self.layer_number = layer_number
+        self.attn_mask_type = attn_mask_type
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.hidden_size_per_attention_head = config.kv_channels
+        self.num_attention_heads_per_partition = config.num_attention_heads // tp
+        projection_size = config.kv_channels * config.num_attention_heads
+        column_args = dict(
+            config=config, init_method=config.init_method, gather_output=False, bias=config.add_bias_linear,
+            skip_bias_add=False,
+        )
+        self.linear_q = build_module(submodules.linear_q, config.hidden_size, projection_size, **column_args)
+        self.linear_kv = build_module(submodules.linear_kv, config.hidden_size, 2 * projection_size, **column_args)
+        self.core_attention = build_module(
+            submodules.core_attention,
+            config=config,
+            layer_number=layer_number,
+            attn_mask_type=attn_mask_type,
+            attention_type="cross",
+        )
+        self.linear_proj = build_module(
+            submodules.linear_proj,
+            projection_size,
+            config.hidden_size,
+            config=config,
+            init_method=config.output_layer_init_method,
+            bias=config.add_bias_linear,
+            input_is_parallel=True,
+            skip_bias_add=True,
+        )
+        self.checkpoint_core_attention = (
+            config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
+        )
+
+    def get_query_key_value_tensors(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor):
+        """hidden [sq, b, h], key_value_states [sk, b, h] -> query [sq, b, np/p, hn], key and value
+        [sk, b, np/p, hn]."""
+        heads, hn = self.num_attention_heads_per_partition, self.hidden_size_per_attention_head
+        mixed_kv, _ = self.linear_kv(key_value_states)  # [sk, b, np/p * 2 * hn]
+        key, value = mixed_kv.view(*mixed_kv.shape[:2], heads, 2 * hn).split(hn, dim=3)
+        query, _ = self.linear_q(hidden_states)  # [sq, b, np/p * hn]
+        return query.view(*query.shape[:2], heads, hn), key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        key_value_states: torch.Tensor | None = None,
+        inference_context=None,
+        rotary_pos_emb=None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params=None,
+    ):
+        """`attention_mask` bool, broadcastable to [b, np, sq, sk], True = masked (encoder padding)."""
+        if key_value_states is None:
+            raise ValueError("CrossAttention needs key_value_states: the encoder output [sk, b, h] (`context`)")
+        reject_unsupported(
+            "CrossAttention", inference_context=inference_context is not None, rotary_pos_emb=rotary_pos_emb is not None
+        )
+        query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
+        core_args = (query, key, value, attention_mask, None, attention_bias, packed_seq_params)
+        if self.checkpoint_core_attention and self.training:
+            context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
+        else:
+            context = self.core_attention(*core_args)
+        return self.linear_proj(context)

@@ -83,18 +83,23 @@ class TransformerBlock(MegatronModule):
         self.input_tensor = input_tensor
 
     def _run_layers(self, start: int, end: int, inference_context=None):
-        def run(hidden_states, attention_mask, rotary_pos_emb):
+        def run(hidden_states, attention_mask, rotary_pos_emb, context, context_mask):
             for layer in self.layers[start:end]:
                 hidden_states, _ = layer(
-                    hidden_states, attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
+                    hidden_states,
+                    attention_mask,
+                    rotary_pos_emb=rotary_pos_emb,
+                    context=context,
+                    context_mask=context_mask,
+                    inference_context=inference_context,
                 )
             return hidden_states
 
         return run
 
-    def _checkpointed_forward(self, hidden_states, attention_mask, rotary_pos_emb):
+    def _checkpointed_forward(self, hidden_states, attention_mask, rotary_pos_emb, context, context_mask):
         num_layers, chunk = len(self.layers), self.config.recompute_num_layers
-        args = (attention_mask, rotary_pos_emb)
+        args = (attention_mask, rotary_pos_emb, context, context_mask)
         if self.config.recompute_method == "uniform":
             for start in range(0, num_layers, chunk):
                 run = self._run_layers(start, start + chunk)
@@ -114,15 +119,20 @@ class TransformerBlock(MegatronModule):
         attention_mask: torch.Tensor | None,
         rotary_pos_emb=None,
         inference_context=None,
+        context: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`inference_context`: the KV cache of generation (megatron.core.inference), None in training."""
+        """`inference_context`: the KV cache of generation (megatron.core.inference), None in training.
+        `context` [sk, b, h] and `context_mask` go to the cross-attention of decoder layers (T5)."""
         if not self.pre_process:
             hidden_states = self.input_tensor
         if self.config.recompute_granularity == "full" and self.training:
-            hidden_states = self._checkpointed_forward(hidden_states, attention_mask, rotary_pos_emb)
+            hidden_states = self._checkpointed_forward(
+                hidden_states, attention_mask, rotary_pos_emb, context, context_mask
+            )
         else:
             run = self._run_layers(0, len(self.layers), inference_context)
-            hidden_states = run(hidden_states, attention_mask, rotary_pos_emb)
+            hidden_states = run(hidden_states, attention_mask, rotary_pos_emb, context, context_mask)
         if self.final_layernorm is not None:
             hidden_states = self.final_layernorm(hidden_states)
         return hidden_states

@@ -1,9 +1,12 @@
 """One pre-norm transformer layer:
 
     x = x + dropout(attention(norm1(x)) + b_proj)
+    x = x + dropout(cross_attention(norm_x(x), context) + b_proj)     decoder layers of T5 only
     x = x + dropout(mlp(norm2(x)) + b_fc2)
 
-(with `apply_residual_connection_post_layernorm` the residual is norm(x) instead of x).
+(with `apply_residual_connection_post_layernorm` the residual is norm(x) instead of x). The cross-attention
+line is there when the spec fills the `cross_attention` slot; its keys and values come from `context`, the
+encoder output [sk, b, h].
 """
 
 import contextlib
@@ -45,6 +48,9 @@ class TransformerLayerSubmodules:
     input_layernorm: Any = IdentityOp
     self_attention: Any = IdentityOp
     self_attn_bda: Any = IdentityFuncOp
+    pre_cross_attn_layernorm: Any = IdentityOp
+    cross_attention: Any = IdentityOp
+    cross_attn_bda: Any = IdentityFuncOp
     pre_mlp_layernorm: Any = IdentityOp
     mlp: Any = IdentityOp
     mlp_bda: Any = IdentityFuncOp
@@ -69,6 +75,9 @@ class TransformerLayer(MegatronModule):
         self.input_layernorm = build_module(submodules.input_layernorm, **norm_args)
         self.self_attention = build_module(submodules.self_attention, config=config, layer_number=self.layer_number)
         self.self_attn_bda = build_module(submodules.self_attn_bda)
+        self.pre_cross_attn_layernorm = build_module(submodules.pre_cross_attn_layernorm, **norm_args)
+        self.cross_attention = build_module(submodules.cross_attention, config=config, layer_number=self.layer_number)
+        self.cross_attn_bda = build_module(submodules.cross_attn_bda)
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, **norm_args)
         self.mlp = build_module(submodules.mlp, config=config)
         self.mlp_bda = build_module(submodules.mlp_bda)
@@ -80,10 +89,12 @@ class TransformerLayer(MegatronModule):
         rotary_pos_emb=None,
         context: torch.Tensor | None = None,
         inference_context=None,
+        context_mask: torch.Tensor | None = None,
     ):
-        """Returns `(hidden_states, context)`, Megatron's layer contract; `context` (an encoder output for
-        cross-attention layers) passes through unchanged. `inference_context` is the KV cache of
-        generation (megatron.core.inference)."""
+        """Returns `(hidden_states, context)`, Megatron's layer contract; `context` (the encoder output
+        [sk, b, h] that cross-attention layers attend to, with `context_mask` bool [b, 1, sq or 1, sk],
+        True = masked) passes through unchanged. `inference_context` is the KV cache of generation
+        (megatron.core.inference)."""
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
         normed = self.input_layernorm(hidden_states)
         attention_output_with_bias = self.self_attention(
@@ -93,6 +104,16 @@ class TransformerLayer(MegatronModule):
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
         with self._hidden_dropout_rng():
             hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
+
+        if not isinstance(self.cross_attention, IdentityOp):
+            normed = self.pre_cross_attn_layernorm(hidden_states)
+            attention_output_with_bias = self.cross_attention(
+                normed, attention_mask=context_mask, key_value_states=context, inference_context=inference_context
+            )
+            residual = normed if post_norm_residual else hidden_states
+            bda = self.cross_attn_bda(self.training, self.config.bias_dropout_fusion)
+            with self._hidden_dropout_rng():
+                hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
         normed = self.pre_mlp_layernorm(hidden_states)
         mlp_output_with_bias = self.mlp(normed)
