@@ -48,6 +48,15 @@ def _checkpoint(save_dir, name: str) -> dict:
                       weights_only=False)
 
 
+def _final_tensors(save_dir) -> dict:
+    """The weights, and the main params and Adam moments of the (one) buffer, saved at the last iteration."""
+    model = _checkpoint(save_dir, "model_optim_rng.pt")["model"]
+    [optimizer] = _checkpoint(save_dir, "distrib_optim.pt")[0].values()
+    tensors = {f"model {key}": value for key, value in model.items()}
+    tensors.update({f"distrib_optim.pt {key}": value for key, value in optimizer.items()})
+    return {key: value for key, value in tensors.items() if torch.is_tensor(value)}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("data_parallel")
@@ -61,7 +70,8 @@ def runs(tmp_path_factory):
 
 
 def test_two_data_parallel_ranks_train_like_one_process(runs):
-    single, data_parallel = read_scalars(str(runs / "single_tb"), "lm loss"), read_scalars(str(runs / "dp2_tb"), "lm loss")
+    single = read_scalars(str(runs / "single_tb"), "lm loss")
+    data_parallel = read_scalars(str(runs / "dp2_tb"), "lm loss")
     assert sorted(single) == sorted(data_parallel) == list(range(1, ITERATIONS + 1))
     assert data_parallel[ITERATIONS] < data_parallel[1]
     # The same samples in another split; the fp32 gradient sums and the sharded norm add up in another order.
@@ -70,18 +80,14 @@ def test_two_data_parallel_ranks_train_like_one_process(runs):
 
 
 def test_resume_with_the_distributed_optimizer_is_exact(runs):
-    straight, resumed = read_scalars(str(runs / "dp2_tb"), "lm loss"), read_scalars(str(runs / "resumed_tb"), "lm loss")
+    straight = read_scalars(str(runs / "dp2_tb"), "lm loss")
+    resumed = read_scalars(str(runs / "resumed_tb"), "lm loss")
     assert sorted(resumed) == list(range(4, ITERATIONS + 1))
     assert [resumed[step] for step in resumed] == [straight[step] for step in resumed]
-    for name in ("model_optim_rng.pt", "distrib_optim.pt"):
-        expected, actual = _checkpoint(runs / "ckpt", name), _checkpoint(runs / "resumed_ckpt", name)
-        if name == "model_optim_rng.pt":
-            expected, actual = expected["model"], actual["model"]
-        else:
-            expected, actual = expected[0], actual[0]
-        for key in expected:
-            if torch.is_tensor(expected[key]):
-                assert torch.equal(expected[key], actual[key]), f"{name}: {key}"
+    expected, actual = _final_tensors(runs / "ckpt"), _final_tensors(runs / "resumed_ckpt")
+    assert expected.keys() == actual.keys() and any(key.startswith("distrib_optim.pt") for key in expected)
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
 
 
 def test_distrib_optim_file_has_megatron_layout(runs):

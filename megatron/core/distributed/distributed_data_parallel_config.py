@@ -21,8 +21,9 @@ class DistributedDataParallelConfig:
     (`--overlap-param-gather`); needs `use_distributed_optimizer`."""
 
     align_param_gather: bool = False
-    """Launch the parameter all-gathers of all pipeline stages together; only acts with
-    `overlap_param_gather`, so on its own (the training layer sets it under virtual pipelining) it is a no-op."""
+    """Launch the parameter all-gathers of all pipeline stages together (the training layer sets it under
+    virtual pipelining); it would act only with `overlap_param_gather` under pipeline parallelism, which is
+    not supported yet, so it is a no-op."""
 
     use_distributed_optimizer: bool = False
     """Pad the buffers for sharding, keep the params in a buffer too, and reduce-scatter the gradients for

@@ -142,12 +142,11 @@ class _ParamAndGradBuffer:
             f"{bad.bucket_id} ({names}) in the backward pass, before the data-parallel reduction"
         )
 
-    def start_param_sync(self, force_sync: bool = False) -> None:
+    def start_param_sync(self) -> None:
         """After a distributed-optimizer step: gathers every bucket's params from their owners now, or with
-        overlap_param_gather (unless `force_sync`) leaves the gathers to the next forward's pre-hooks."""
-        defer = self.ddp_config.overlap_param_gather and not force_sync
+        overlap_param_gather leaves the gathers to the next forward's pre-hooks."""
         for bucket in self.buckets:
-            bucket.request_param_gather(defer)
+            bucket.request_param_gather(defer=self.ddp_config.overlap_param_gather)
 
     def complete_param_sync(self) -> None:
         """Makes every param whole now (waits for gathers in flight, runs the deferred ones)."""

@@ -233,7 +233,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 state[index] = {"step": step.clone(), **{key: torch.zeros_like(main_shard) for key in ADAM_STATE_KEYS}}
                 indices.append(index)
                 index += 1
-            hyper_parameters = {key: value for key, value in saved.items() if key not in ("step", *_IMPLEMENTATION_KEYS)}
+            ignored = ("step", *_IMPLEMENTATION_KEYS)
+            hyper_parameters = {key: value for key, value in saved.items() if key not in ignored}
             implementation = {key: group[key] for key in _IMPLEMENTATION_KEYS if key in group}
             param_groups.append({**hyper_parameters, **implementation, "params": indices})
         self.optimizer.load_state_dict({"state": state, "param_groups": param_groups})

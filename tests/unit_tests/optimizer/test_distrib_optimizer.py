@@ -80,14 +80,14 @@ def check_equals_plain_optimizer_and_torch():
     for dtype in (torch.float32, torch.bfloat16):
         plain = build(dtype, clip_grad=0.0, distributed=False)
         train(*plain, steps=3)
-        for overlap in (False, True):
-            sharded = build(dtype, 0.0, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
-                            bucket_size=300 if overlap else None)
+        overlapped = dict(overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=300)
+        for variant in ({}, overlapped, dict(overlapped, average_in_collective=True)):
+            sharded = build(dtype, 0.0, **variant)
             assert isinstance(sharded[1], DistributedOptimizer)
             train(*sharded, steps=3)
-            # Without clipping Adam works element by element: sharding changes no bit.
+            # Without clipping Adam works element by element: sharding changes no bit (and halving is exact).
             for got, expected in zip(params(sharded[0]), params(plain[0])):
-                assert torch.equal(got, expected), (dtype, overlap)
+                assert torch.equal(got, expected), (dtype, variant)
     # With clipping the global norm is summed in another order (1e-7 relative), so allow that.
     sharded, plain = build(torch.float32, 1.0, overlap_grad_reduce=True), build(torch.float32, 1.0, distributed=False)
     train(*sharded, steps=3)
