@@ -1,0 +1,79 @@
+"""Tensor / data parallel checks on a multi-GPU machine (NCCL), through pretrain_gpt.py, one table at the end.
+
+    python tools/bench/parallel_gpu_check.py            # needs 2 GPUs
+
+1. Equivalence, fp32, mock data, no dropout, 10 iterations, global batch 8: TP=2 + sequence parallel and
+   DP=2 with the distributed optimizer and both overlaps must give the per-iteration `lm loss` of one GPU
+   (relative tolerance 1e-4: GPU reductions are not bitwise reproducible across layouts).
+2. Throughput, bf16, the PERF.md GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
+   (sequence parallel), tokens/s per GPU and peak memory from the console lines.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MOCK = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50304", "--num-workers", "2",
+        "--eval-interval", "100000", "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--lr", "1e-4", "--lr-decay-style", "constant", "--use-cpu-initialization"]
+SMALL = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "512",
+         "--max-position-embeddings", "512", "--micro-batch-size", "2", "--global-batch-size", "8",
+         "--train-iters", "10", "--log-interval", "1", "--use-cpu-initialization"]
+GPT_1_3B = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--max-position-embeddings", "2048", "--micro-batch-size", "4", "--bf16", "--train-iters", "30",
+            "--log-interval", "10"]
+DP2 = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+
+
+def train(gpus: int, args: list[str]) -> str:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
+    result = subprocess.run(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *MOCK, *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    return result.stdout
+
+
+def losses(output: str) -> list[float]:
+    return [float(v) for v in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", output)]
+
+
+def last(pattern: str, output: str) -> float:
+    return float(re.findall(pattern, output)[-1])
+
+
+def main() -> int:
+    reference = losses(train(1, SMALL))
+    rows, ok = [], True
+    for name, gpus, extra in [("TP=2 + SP", 2, TP2), ("DP=2 dist-opt overlap", 2, DP2)]:
+        got = losses(train(gpus, SMALL + extra))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, reference))
+        ok &= len(got) == len(reference) and worst <= 1e-4
+        rows.append(f"{name:<24} iterations {len(got):>2}  max rel diff vs 1 GPU {worst:.2e}")
+
+    throughput = []
+    for name, gpus, extra in [("1 GPU", 1, ["--global-batch-size", "4"]),
+                              ("DP=2 dist-opt overlap", 2, DP2 + ["--global-batch-size", "8"]),
+                              ("TP=2 + SP", 2, TP2 + ["--global-batch-size", "4"])]:
+        output = train(gpus, GPT_1_3B + extra)
+        tokens = last(r"tokens/s/GPU: ([0-9.]+)", output)
+        memory = last(r"max allocated: ([0-9.]+)", output)
+        throughput.append((name, gpus, tokens, memory))
+
+    print("\nequivalence (fp32, 10 iterations, lm loss per iteration vs one GPU):")
+    print("\n".join(rows))
+    print(f"equivalence {'PASSED' if ok else 'FAILED'} (tolerance 1e-4 relative)")
+    base = throughput[0][2]
+    print("\nGPT 1.3B, bf16, seq 2048, micro batch 4:")
+    print(f"{'layout':<24}{'GPUs':>5}{'tokens/s/GPU':>14}{'x 1 GPU (total)':>17}{'peak MB':>10}")
+    for name, gpus, tokens, memory in throughput:
+        print(f"{name:<24}{gpus:>5}{tokens:>14.0f}{tokens * gpus / base:>17.2f}{memory:>10.0f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
