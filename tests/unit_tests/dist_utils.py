@@ -8,6 +8,7 @@ a list indexed by rank. An exception on any rank fails the test with that rank's
 """
 
 import os
+import pickle
 import tempfile
 import traceback
 
@@ -22,7 +23,9 @@ def _worker(rank, world_size, store_path, fn, args, queue):
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-        result = fn(rank, world_size, *args)
+        # Pickled here, by value: a tensor put on the queue as it is travels as a shared-memory handle
+        # that the parent cannot open any more once this process has exited (FileNotFoundError).
+        result = pickle.dumps(fn(rank, world_size, *args))
         queue.put((rank, "ok", result))
     except BaseException:  # the parent reports it; a bare exit would hide the cause
         queue.put((rank, "error", traceback.format_exc()))
@@ -51,7 +54,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
             for _ in range(world_size):
                 rank, status, payload = queue.get(timeout=timeout)
                 if status == "ok":
-                    results[rank] = payload
+                    results[rank] = pickle.loads(payload)
                 else:
                     errors.append(f"rank {rank} failed:\n{payload}")
                     break
