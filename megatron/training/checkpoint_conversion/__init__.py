@@ -1,0 +1,1 @@
+"""Adapters between Megatron-Core model state dicts and other formats (Hugging Face `transformers`)."""

@@ -1,0 +1,18 @@
+"""Export a pretrain_bert.py checkpoint (TP=1, PP=1) to a Hugging Face BERT directory.
+
+    python tools/checkpoint/export_bert_hf.py --load checkpoints/bert --save-dir bert-hf
+
+Post-norm models (--apply-residual-connection-post-layernorm) become BertForPreTraining, Megatron's
+default pre-norm ones MegatronBertForPreTraining (...ForMaskedLM without the binary head). The logic
+lives in megatron/training/checkpoint_conversion/export_bert_hf.py.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron.training.checkpoint_conversion.export_bert_hf import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
