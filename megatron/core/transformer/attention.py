@@ -98,7 +98,7 @@ class SelfAttention(MegatronModule):
         )
 
     def get_query_key_value_tensors(self, hidden_states: torch.Tensor):
-        """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, ng/p, hn]."""
+        """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, max(ng/p, 1), hn]."""
         mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, (np + 2 ng) * hn / p]
         if self.ranks_per_query_group > 1:
             mixed_qkv = self._own_query_group(mixed_qkv)  # [s, b, (np/ng + 2) * hn]
