@@ -60,11 +60,6 @@ def t5_position_ids(token_ids: torch.Tensor) -> torch.Tensor:
     return positions.unsqueeze(0).expand_as(token_ids)
 
 
-def t5_extended_attention_mask(attention_mask_list: list) -> list:
-    """Megatron's helper: each [b, sq, sk] mask (or None) -> [b, 1, sq, sk]."""
-    return [None if mask is None else mask.unsqueeze(1) for mask in attention_mask_list]
-
-
 class T5Model(LanguageModule):
     """T5 of Megatron-Core (same signature and state-dict keys).
 
@@ -74,6 +69,11 @@ class T5Model(LanguageModule):
     `pre_cross_attn_layernorm` and `cross_attention.linear_{q,kv,proj}`), `decoder.final_layernorm.*`,
     `lm_head.output_layer.*`. As in Megatron-Core, the output layer and the position embedding are also
     registered as `output_layer` and `position_embeddings`, so their keys appear under both names.
+
+    Only learned absolute positions exist so far: `position_embedding_type` "rope" and "relative" (T5's
+    relative position buckets, which Megatron-Core computes with Transformer Engine only) are refused, and
+    `rotary_percent` / `relative_attention_*` are accepted for Megatron-Core's signature and unused.
+    `fp16_lm_cross_entropy` is accepted too: the loss is always computed in fp32.
     """
 
     def __init__(
@@ -120,17 +120,13 @@ class T5Model(LanguageModule):
         if pre_process:
             self.embedding = LanguageModelEmbedding(config, vocab_size, max_sequence_length, position_embedding_type)
             self.position_embeddings = self.embedding.position_embeddings
-        self.encoder = (
-            TransformerBlock(encoder_config, transformer_encoder_layer_spec, pre_process=pre_process,
-                             post_process=post_process)
-            if add_encoder else None
-        )
-        self.decoder = (
-            TransformerBlock(config, transformer_decoder_layer_spec, pre_process=pre_process, post_process=post_process)
-            if add_decoder else None
-        )
+        stage = dict(pre_process=pre_process, post_process=post_process)
+        self.encoder = TransformerBlock(encoder_config, transformer_encoder_layer_spec, **stage) if add_encoder else None
+        self.decoder = TransformerBlock(config, transformer_decoder_layer_spec, **stage) if add_decoder else None
         if post_process:
-            self.lm_head = T5LMHead(config, parallel_output, vocab_size, pre_process, share_embeddings_and_output_weights)
+            self.lm_head = T5LMHead(
+                config, parallel_output, vocab_size, pre_process, share_embeddings_and_output_weights
+            )
             self.output_layer = self.lm_head.output_layer
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()

@@ -44,6 +44,9 @@ class BertModel(LanguageModule):
     0). `add_binary_head` adds the pooler and the 2-way sentence-order head. `return_embeddings` makes
     `forward` return sentence embeddings [b, h] instead: the mean hidden state over each sequence's
     tokens between [CLS] and the final [SEP].
+
+    Only learned absolute positions exist so far ("rope" is refused; `rotary_percent` is accepted for
+    Megatron-Core's signature and unused); `fp16_lm_cross_entropy` is accepted too: the loss is always fp32.
     """
 
     def __init__(

@@ -47,8 +47,8 @@ def test_state_dict_keys_are_megatron_cores():
                                                 "self_attention.linear_proj", "pre_mlp_layernorm", "mlp.linear_fc1",
                                                 "mlp.linear_fc2") for kind in ("weight", "bias")]
     expected = {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
-                "embedding.tokentype_embeddings.weight", "encoder.final_layernorm.weight", "encoder.final_layernorm.bias",
-                "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
+                "embedding.tokentype_embeddings.weight", "encoder.final_layernorm.weight",
+                "encoder.final_layernorm.bias", "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
                 "output_layer.bias", "pooler.dense.weight", "pooler.dense.bias", "binary_head.weight",
                 "binary_head.bias"}
     expected |= {f"encoder.layers.{i}.{key}" for i in range(LAYERS) for key in layer_keys}
