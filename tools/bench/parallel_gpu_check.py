@@ -15,13 +15,15 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MOCK = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50304", "--num-workers", "2",
+MOCK = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--num-workers", "2",
         "--eval-interval", "100000", "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
         "--lr", "1e-4", "--lr-decay-style", "constant", "--use-cpu-initialization"]
-SMALL = ["--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "512",
+# The vocabulary is padded to a multiple of 128 x TP, so a size divisible by 256 keeps TP=1 and TP=2 the same
+# model (with --use-cpu-initialization the same weights, too).
+SMALL = ["--vocab-size", "50432", "--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "512",
          "--max-position-embeddings", "512", "--micro-batch-size", "2", "--global-batch-size", "8",
          "--train-iters", "10", "--log-interval", "1", "--use-cpu-initialization"]
-GPT_1_3B = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+GPT_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
             "--max-position-embeddings", "2048", "--micro-batch-size", "4", "--bf16", "--train-iters", "30",
             "--log-interval", "10"]
 DP2 = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
