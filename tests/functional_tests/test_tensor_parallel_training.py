@@ -103,10 +103,12 @@ def _checkpoint(save_dir, iteration: int, tensor_rank: int) -> dict:
 
 @pytest.fixture(scope="module")
 def tp2_checkpoints(tmp_path_factory):
-    """A TP=2 +SP run with dropout saving at iterations 2 and 4, and a second run resumed from iteration 2."""
+    """A TP=2 +SP run with dropout and the distributed optimizer saving at iterations 2 and 4, and a second run
+    resumed from iteration 2."""
     work = tmp_path_factory.mktemp("tp2_resume")
     common = TINY + ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
-                     "--attention-dropout", "0.1", "--train-iters", "4", "--save-interval", "2"]
+                     "--attention-dropout", "0.1", "--train-iters", "4", "--save-interval", "2",
+                     "--use-distributed-optimizer"]
     pretrain_gpt(2, common + ["--save", str(work / "straight"), "--tensorboard-dir", str(work / "straight_tb")])
     pretrain_gpt(2, common + ["--load", str(work / "straight"), "--ckpt-step", "2", "--save", str(work / "resumed"),
                          "--tensorboard-dir", str(work / "resumed_tb")])
@@ -116,6 +118,8 @@ def tp2_checkpoints(tmp_path_factory):
 def test_tp2_checkpoint_has_one_file_per_tensor_rank(tp2_checkpoints):
     iteration_dir = tp2_checkpoints / "straight" / "iter_0000004"
     assert sorted(os.listdir(iteration_dir)) == ["mp_rank_00", "mp_rank_01"]
+    for rank in ("mp_rank_00", "mp_rank_01"):  # the distributed optimizer's state beside each model file
+        assert sorted(os.listdir(iteration_dir / rank)) == ["distrib_optim.pt", "model_optim_rng.pt"]
     shards = [_checkpoint(tp2_checkpoints / "straight", 4, rank)["model"] for rank in range(2)]
     # Each rank holds half of the 512 padded vocabulary rows; the norms are whole copies.
     assert [shard["embedding.word_embeddings.weight"].shape[0] for shard in shards] == [256, 256]
