@@ -16,6 +16,7 @@ from megatron.core.models.common.embeddings.language_model_embedding import (
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+from megatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -129,10 +130,17 @@ class GPTModel(LanguageModule):
         rotary_pos_emb = None
         if self.position_embedding_type == "rope":
             hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
-            # With sequence parallelism each rank holds s/p positions; the rotation covers all s.
+            # With sequence parallelism each rank holds s/p positions; the rotation covers all s. With
+            # context parallelism the angles of the whole sequence are computed and this CP rank's two
+            # chunks kept, so that each token turns by its global position.
             sequence_parallel_ranks = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+            context_parallel_ranks = self.config.context_parallel_size
             offset = 0 if inference_context is None else inference_context.sequence_len_offset
-            rotary_pos_emb = self.rotary_pos_emb(hidden.size(0) * sequence_parallel_ranks, offset=offset)
+            rotary_pos_emb = self.rotary_pos_emb(
+                hidden.size(0) * sequence_parallel_ranks * context_parallel_ranks, offset=offset
+            )
+            if context_parallel_ranks > 1:
+                rotary_pos_emb = get_pos_emb_on_this_cp_rank(rotary_pos_emb, seq_dim=0)
             rotary_pos_emb = rotary_pos_emb.to(hidden.device)
         hidden_states = self.decoder(
             hidden_states=decoder_input,
