@@ -7,7 +7,8 @@ picks the kernel: PyTorch SDPA (`auto`, `flash`, `fused`) or the explicit unfuse
 
 Masks are boolean with True = masked, broadcastable to [b, np, sq, sk]. With `AttnMaskType.causal` and
 no mask given, the causal mask is built in (SDPA's `is_causal`, no mask tensor at all); a given mask
-replaces it.
+replaces it. With context parallelism (CP > 1) the sequence dimension holds this CP rank's two chunks and
+attention runs over all CP ranks (context_parallel/), causal or unmasked.
 """
 
 import contextlib
@@ -20,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
+from megatron.core.transformer.context_parallel import context_parallel_attention, cp_comm_type_of_layer
 from megatron.core.transformer.enums import AttnBackend, AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -82,6 +84,8 @@ class DotProductAttention(MegatronModule):
         if mask_type == AttnMaskType.no_mask:
             attention_mask = None
         causal = attention_mask is None and mask_type == AttnMaskType.causal
+        if self.config.context_parallel_size > 1:
+            return self._context_parallel(query, key, value, attention_mask, causal)
         # [s, b, heads, hn] -> [b, heads, s, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         dropout_p = self.dropout_p if self.training else 0.0
@@ -92,6 +96,17 @@ class DotProductAttention(MegatronModule):
         # [b, np, sq, hn] -> [sq, b, np * hn]
         b, heads, sq, hn = context.shape
         return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+    def _context_parallel(self, query, key, value, attention_mask, causal):
+        """This CP rank's queries against the keys/values of the whole sequence (context_parallel/)."""
+        if attention_mask is not None or self.attention_type != "self":
+            raise ValueError(
+                "context parallelism supports causal or unmasked self-attention only; an explicit attention "
+                f"mask or {self.attention_type} attention with context_parallel_size="
+                f"{self.config.context_parallel_size} is not supported yet"
+            )
+        comm_type = cp_comm_type_of_layer(self.config.cp_comm_type, self.layer_number)
+        return context_parallel_attention(query, key, value, self.softmax_scale, causal, comm_type)
 
     def _sdpa(self, q, k, v, attention_mask, causal, dropout_p):
         kernels = _SDPA_KERNELS[self.backend]

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch.nn.functional as F
 
 from megatron.core.model_parallel_config import ModelParallelConfig, divisors, raise_config_problems
+from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
 
@@ -69,6 +70,10 @@ class TransformerConfig(ModelParallelConfig):
 
     attention_backend: AttnBackend = AttnBackend.auto
     """Core-attention implementation (see `AttnBackend`); a name such as "flash" is accepted too."""
+
+    cp_comm_type: Optional[str | list] = None
+    """How context-parallel attention reaches the other CP ranks' keys/values: "p2p" (ring, the default) or
+    "all_gather", for all layers or as a list of one per layer ("a2a", "a2a+p2p" are not supported yet)."""
 
     apply_residual_connection_post_layernorm: bool = False
     """Take the residual after the layer norm instead of before it (original BERT ordering)."""
@@ -291,8 +296,16 @@ class TransformerConfig(ModelParallelConfig):
             "multi_latent_attention": self.multi_latent_attention,
             "window_size": self.window_size is not None,
             "fp32_residual_connection": self.fp32_residual_connection,
-            "context_parallel_size > 1": self.context_parallel_size > 1,
             "expert_model_parallel_size > 1": self.expert_model_parallel_size > 1,
         }
-        return [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
+        problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
+        if self.context_parallel_size > 1:
+            problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
+            if self.attention_dropout > 0:
+                problems.append(
+                    f"attention_dropout={self.attention_dropout} with context_parallel_size="
+                    f"{self.context_parallel_size} is not supported yet (dropout inside context-parallel "
+                    "attention); use attention_dropout=0.0"
+                )
+        return problems
 
