@@ -6,6 +6,7 @@ Kept importable (and unit-tested) instead of living in the entry script, as STYL
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -15,6 +16,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_tp_rank
 from megatron.training.console import print_rank_0
@@ -65,17 +67,30 @@ def get_batch(data_iterator):
         # The mask is then the plain causal one, which attention applies by itself (and SDPA can then use
         # its flash kernels, which take no explicit mask): it is neither sent nor used.
         keys = tuple(key for key in GPT_BATCH_KEYS if key != "attention_mask")
-    batch = get_batch_on_this_tp_rank(data_iterator, keys)
+    # With context parallelism each CP rank keeps its two chunks of the sequence.
+    batch = get_batch_on_this_cp_rank(get_batch_on_this_tp_rank(data_iterator, keys))
     return batch["tokens"], batch["labels"], batch["loss_mask"], batch.get("attention_mask"), batch["position_ids"]
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Per-token losses [b, s] -> (Σ loss·mask, Σ mask, {"lm loss": [Σ loss·mask, Σ mask]})."""
+    """Per-token losses [b, s] -> (Σ loss·mask, Σ mask, {"lm loss": [Σ loss·mask, Σ mask]}).
+
+    With context parallelism (CP = c) each rank holds 1/c of every sequence. As in Megatron's
+    pretrain_gpt, the token count is then summed over the CP group and the loss sum multiplied by c: the
+    schedule divides by that count and DDP averages the gradients over DP x CP, which gives the gradient of
+    the token mean over the whole sequences (exact also when the CP ranks hold different numbers of loss
+    tokens). The report keeps this rank's own sums; training sums reports over DP x CP.
+    """
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(losses * mask)
     num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach(), num_tokens.detach().float()])
+    cp_size = parallel_state.get_context_parallel_world_size()
+    if cp_size > 1:
+        num_tokens = num_tokens.detach().clone()
+        dist.all_reduce(num_tokens, group=parallel_state.get_context_parallel_group())
+        loss_sum = loss_sum * cp_size
     return loss_sum, num_tokens, {"lm loss": report}
 
 
