@@ -60,8 +60,8 @@ def core_transformer_config_from_args(args: argparse.Namespace, config_class=Non
     }
     if args.init_method_xavier_uniform:
         renamed["init_method"] = renamed["output_layer_init_method"] = torch.nn.init.xavier_uniform_
-    if len(args.cp_comm_type) == 1:
-        renamed["cp_comm_type"] = args.cp_comm_type[0]
+    # One name for all layers, or one per layer.
+    renamed["cp_comm_type"] = args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type)
     fields = {f.name for f in dataclasses.fields(config_class)}
     kwargs = _same_name_fields(config_class, args)
     kwargs.update({name: value for name, value in renamed.items() if name in fields})

@@ -30,8 +30,8 @@ UNSUPPORTED = (
     Unsupported("--pipeline-model-parallel-layout", _PIPELINE),
     Unsupported("--decoder-first-pipeline-num-layers", _PIPELINE),
     Unsupported("--decoder-last-pipeline-num-layers", _PIPELINE),
-    Unsupported("--context-parallel-size", "context parallelism (CP > 1) is not supported yet; use 1"),
-    Unsupported("--hierarchical-context-parallel-sizes", "context parallelism is not supported yet"),
+    Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
+                                                          "yet; use --cp-comm-type p2p or allgather"),
     Unsupported("--expert-model-parallel-size", "expert parallelism (EP > 1) is not supported yet; use 1"),
     Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
                                      "(Megatron does it with Transformer Engine userbuffers)"),

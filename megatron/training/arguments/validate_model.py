@@ -100,9 +100,12 @@ def _derive_sequence_lengths(args, problems) -> None:
     if cp > 1 and args.seq_length % (2 * cp):
         problems.append(f"--seq-length {args.seq_length} must be divisible by 2 x --context-parallel-size {cp} "
                         f"= {2 * cp} (each CP rank holds two chunks)")
-    if args.sequence_parallel and tp >= 1 and args.seq_length % tp:
-        problems.append(f"--seq-length {args.seq_length} must be divisible by --tensor-model-parallel-size {tp} "
-                        f"with --sequence-parallel")
+    # With both, each CP rank's two chunks are split again over the TP ranks.
+    sequence_multiple = tp * 2 * cp if cp > 1 else tp
+    if args.sequence_parallel and tp >= 1 and args.seq_length % sequence_multiple:
+        shown = f"--tensor-model-parallel-size {tp}" + (
+            f" x 2 x --context-parallel-size {cp} = {sequence_multiple}" if cp > 1 else "")
+        problems.append(f"--seq-length {args.seq_length} must be divisible by {shown} with --sequence-parallel")
     max_positions = args.max_position_embeddings
     if max_positions is not None:
         for flag, length in (("--seq-length", args.seq_length), ("--decoder-seq-length", args.decoder_seq_length)):

@@ -9,6 +9,11 @@ import argparse
 import math
 
 from megatron.core.model_parallel_config import divisors
+from megatron.core.transformer.context_parallel.context_parallel_attention import (
+    CP_COMM_TYPES,
+    CP_COMM_TYPES_NOT_YET,
+    canonical_cp_comm_type,
+)
 from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
 
 
@@ -70,12 +75,35 @@ def derive_parallel_sizes(args: argparse.Namespace, problems: list) -> None:
         problems.append("--distribute-saved-activations shards over the tensor-parallel group and needs "
                         "--tensor-model-parallel-size > 1")
 
+    _check_context_parallel(args, problems)
+
+
+def _check_context_parallel(args, problems: list) -> None:
+    """--cp-comm-type and the features context-parallel attention does not combine with yet."""
+    cp = args.context_parallel_size
     hierarchical = args.hierarchical_context_parallel_sizes
-    if hierarchical and math.prod(hierarchical) != args.context_parallel_size:
+    if hierarchical and math.prod(hierarchical) != cp:
         problems.append(f"--hierarchical-context-parallel-sizes {hierarchical} multiply to "
-                        f"{math.prod(hierarchical)}, not --context-parallel-size {args.context_parallel_size}")
+                        f"{math.prod(hierarchical)}, not --context-parallel-size {cp}")
     if "a2a+p2p" in args.cp_comm_type and not hierarchical:
         problems.append("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
+    if cp == 1:
+        return
+    num_layers = args.num_layers if args.num_layers is not None else args.encoder_num_layers
+    if len(args.cp_comm_type) > 1 and num_layers is not None and len(args.cp_comm_type) != num_layers:
+        problems.append(f"--cp-comm-type lists {len(args.cp_comm_type)} types; give one for all layers or one per "
+                        f"layer ({num_layers})")
+    for name in dict.fromkeys(args.cp_comm_type):
+        if canonical_cp_comm_type(name) in CP_COMM_TYPES_NOT_YET:
+            problems.append(f"--cp-comm-type {name} is not supported yet; use p2p (ring) or allgather")
+        elif canonical_cp_comm_type(name) not in CP_COMM_TYPES:
+            problems.append(f"--cp-comm-type {name} is not one of p2p, allgather, a2a, a2a+p2p")
+    if args.attention_dropout > 0:
+        problems.append(f"--attention-dropout {args.attention_dropout} with --context-parallel-size {cp}: dropout "
+                        f"inside context-parallel attention is not supported yet; use --attention-dropout 0")
+    if args.reset_attention_mask:
+        problems.append(f"--reset-attention-mask with --context-parallel-size {cp} is not supported yet "
+                        f"(context-parallel attention takes no explicit mask)")
 
 
 def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
