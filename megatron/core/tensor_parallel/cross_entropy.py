@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import all_gather_single
 
 
-def _vocab_start_and_size(local_vocab: int, device, group, world_size: int):
+def vocab_start_and_size(local_vocab: int, device, group, world_size: int):
     """This rank's first vocabulary id (as a tensor) and the full vocabulary size V."""
     if world_size == 1:
         return torch.zeros((), dtype=torch.long, device=device), local_vocab
@@ -47,7 +47,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # fp32 buffer instead of two); fp32 logits belong to the caller and are left untouched.
         logits = logits - logits_max if logits is vocab_parallel_logits else logits.sub_(logits_max)
         local_vocab = logits.size(-1)
-        vocab_start, vocab_size = _vocab_start_and_size(local_vocab, logits.device, group, world_size)
+        vocab_start, vocab_size = vocab_start_and_size(local_vocab, logits.device, group, world_size)
 
         # Target logit: taken on the rank that owns the target id, zero elsewhere, then summed.
         target_outside = (target < vocab_start) | (target >= vocab_start + local_vocab)

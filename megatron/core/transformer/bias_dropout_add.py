@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from megatron.core.fusions.fused_bias_dropout import bias_dropout_add_fused
+
 
 def bias_dropout_add(x_with_bias, residual: torch.Tensor, prob: float, training: bool) -> torch.Tensor:
     """`x_with_bias` is a sub-layer's `(output, bias or None)` pair; all tensors are [s, b, h]."""
@@ -13,10 +15,11 @@ def bias_dropout_add(x_with_bias, residual: torch.Tensor, prob: float, training:
 
 
 def get_bias_dropout_add(training: bool, fused: bool):
-    """Megatron's spec slot: returns `f(x_with_bias, residual, prob)`. `fused` selects a kernel in
-    Megatron-LM; the function is the same either way, so it is accepted and not used here."""
+    """Megatron's spec slot: returns `f(x_with_bias, residual, prob)`. `fused` (`--bias-dropout-fusion`,
+    on by default) picks the one-kernel version of megatron/core/fusions on CUDA."""
+    function = bias_dropout_add_fused if fused else bias_dropout_add
 
     def bias_dropout_add_for_mode(x_with_bias, residual, prob):
-        return bias_dropout_add(x_with_bias, residual, prob, training)
+        return function(x_with_bias, residual, prob, training)
 
     return bias_dropout_add_for_mode

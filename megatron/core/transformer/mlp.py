@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 from megatron.core import tensor_parallel
 from megatron.core.activations import openai_gelu
+from megatron.core.fusions.fused_bias_gelu import bias_gelu_impl
+from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
@@ -72,9 +74,18 @@ class MLP(MegatronModule):
         if config.bias_activation_fusion and activation is F.gelu:
             activation = openai_gelu
         self.activation_func = activation
+        # One generated kernel for bias + activation (+ gating) on CUDA: bias-GeLU(tanh) and bias-SwiGLU.
+        self.fused_activation = None
+        if config.bias_activation_fusion:
+            if glu and config.activation_func is F.silu:
+                self.fused_activation = bias_swiglu_impl
+            elif not glu and config.activation_func is F.gelu:
+                self.fused_activation = bias_gelu_impl
         self.recompute_mlp = config.recompute_granularity == "selective" and "mlp" in config.recompute_modules
 
     def _activation(self, intermediate: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.fused_activation is not None:
+            return self.fused_activation(intermediate, bias)
         if bias is not None:
             intermediate = intermediate + bias
         if self.config.gated_linear_unit:

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 from megatron.core.transformer.module import MegatronModule
 
 
@@ -14,8 +14,9 @@ class LanguageModule(MegatronModule):
     `share_embeddings_and_output_weights`, `embedding` (first stage) and `output_layer` (last stage)."""
 
     def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Per-token loss [b, s] from labels [b, s] and TP-split logits [s, b, V/p] (computed in fp32)."""
-        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+        """Per-token loss [b, s] from labels [b, s] and TP-split logits [s, b, V/p] (computed in fp32 inside
+        the fused kernels, without an fp32 copy of the logits)."""
+        loss = fused_vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
         return loss.transpose(0, 1).contiguous()
 
     def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
