@@ -39,21 +39,21 @@ def _add_checkpointing_args(parser: argparse.ArgumentParser) -> argparse.Argumen
                        help="With --use-checkpoint-args, keep this command line's tokenizer model.")
     group.add_argument("--exit-on-missing-checkpoint", action="store_true",
                        help="Exit instead of initialising randomly when --load has no checkpoint.")
-    # Megatron's default is torch_dist; only the torch format exists here so far.
+    # Megatron's default is torch_dist; ours stays torch (README, "Checkpoints", says why).
     group.add_argument("--ckpt-format", default="torch", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
-                       help="Checkpoint format. Default torch (one file per model-parallel rank); Megatron's "
-                            "default torch_dist is not supported yet.")
+                       help="Checkpoint format: torch (one file per model-parallel rank, the default here) or "
+                            "torch_dist (sharded, loads under any TP/PP/DP layout; Megatron's default).")
     group.add_argument("--auto-detect-ckpt-format", action="store_true",
                        help="Detect the format of the checkpoint being loaded.")
     group.add_argument("--ckpt-convert-format", default=None, choices=["torch", "torch_dist"],
-                       help="Convert the loaded checkpoint to this format.")
+                       help="Save the loaded checkpoint again in this format, under <--ckpt-convert-save>/<format>.")
     group.add_argument("--ckpt-convert-save", default=None, help="Where to save the converted checkpoint.")
     group.add_argument("--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save",
                        help="Do not spread distributed-checkpoint writes over data-parallel ranks.")
     group.add_argument("--ckpt-fully-parallel-load", action="store_true",
                        help="Spread distributed-checkpoint reads over data-parallel ranks.")
     group.add_argument("--async-save", action="store_true", default=None,
-                       help="Write checkpoints in the background.")
+                       help="Write torch_dist checkpoints in the background.")
     group.add_argument("--dist-ckpt-strictness", default="assume_ok_unexpected", choices=DIST_CKPT_STRICTNESS,
                        help="Key-mismatch policy when loading a distributed checkpoint.")
     group.add_argument("--non-persistent-save-interval", type=int, default=None,

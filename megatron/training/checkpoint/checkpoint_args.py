@@ -33,25 +33,29 @@ _MODEL_PARALLEL_ARGS = (
 )
 
 
-def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, checkpoint_name="the checkpoint"):
+def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, checkpoint_name="the checkpoint",
+                          check_parallel_sizes=True):
     """Raises one ValueError listing every model-shape argument where the checkpoint and this run differ.
 
     Compared: num_layers, hidden_size, num_attention_heads; with --vocab-file (as Megatron)
-    max_position_embeddings, make_vocab_size_divisible_by, padded_vocab_size, tokenizer_type; and the TP and
-    PP sizes, which a torch-format checkpoint is tied to (checkpoints before version 3.0 recorded TP as
-    `model_parallel_size` and no PP). Arguments the checkpoint did not record are not compared.
+    max_position_embeddings, make_vocab_size_divisible_by, padded_vocab_size, tokenizer_type; and, with
+    check_parallel_sizes, the TP and PP sizes, which a torch-format checkpoint is tied to (checkpoints
+    before version 3.0 recorded TP as `model_parallel_size` and no PP; torch_dist checkpoints reshard).
+    Arguments the checkpoint did not record are not compared.
     """
     args = args if args is not None else get_args()
     names = ["num_layers", "hidden_size", "num_attention_heads"]
     if args.vocab_file:
-        names += ["max_position_embeddings", "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type"]
+        names += ["max_position_embeddings", "make_vocab_size_divisible_by", "tokenizer_type"]
+        if check_parallel_sizes:  # the padding depends on TP; a torch_dist checkpoint loads across paddings
+            names.append("padded_vocab_size")
     mismatches = []
     for name in names:
         if hasattr(checkpoint_args, name) and getattr(checkpoint_args, name) != getattr(args, name):
             mismatches.append(f"{name}: checkpoint {getattr(checkpoint_args, name)}, this run {getattr(args, name)}")
     sizes = [("tensor_model_parallel_size", "TP", "tensor_model_parallel_size" if checkpoint_version >= 3.0
-              else "model_parallel_size")]
-    if checkpoint_version >= 3.0:
+              else "model_parallel_size")] if check_parallel_sizes else []
+    if checkpoint_version >= 3.0 and check_parallel_sizes:
         sizes.append(("pipeline_model_parallel_size", "PP", "pipeline_model_parallel_size"))
     for name, short_name, saved_name in sizes:
         saved, current = getattr(checkpoint_args, saved_name, None), getattr(args, name)

@@ -119,11 +119,14 @@ def read_metadata(tracker_filename):
     return int(max_iteration.item()), release
 
 
-def require_torch_format(args) -> None:
-    """Refuses checkpoint formats other than `torch` (the argument validation refuses them too)."""
-    if args.ckpt_format != "torch":
+SUPPORTED_FORMATS = ("torch", "torch_dist")
+
+
+def require_supported_format(ckpt_format) -> None:
+    """Refuses checkpoint formats other than `torch` and `torch_dist` (the argument validation does too)."""
+    if ckpt_format not in SUPPORTED_FORMATS:
         raise ValueError(
-            f"--ckpt-format {args.ckpt_format} is not supported yet; only --ckpt-format torch checkpoints exist so far"
+            f"--ckpt-format {ckpt_format} is not supported yet; use one of {', '.join(SUPPORTED_FORMATS)}"
         )
 
 

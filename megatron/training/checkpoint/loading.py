@@ -1,4 +1,5 @@
-"""`load_checkpoint`: resume (or start a fine-tune) from a torch-format checkpoint (reference 8.2).
+"""`load_checkpoint`: resume (or start a fine-tune) from a checkpoint (reference 8.2); the tensors of a
+`--ckpt-format torch_dist` checkpoint are read by dist_loading.py, under any parallel layout.
 
 What is restored:
 
@@ -11,10 +12,12 @@ What is restored:
 
 import torch.distributed as dist
 
+from megatron.core.dist_checkpointing import is_distributed_checkpoint
 from megatron.core.num_microbatches_calculator import update_num_microbatches
 from megatron.training.checkpoint.checkpoint_args import check_checkpoint_args
 from megatron.training.checkpoint.distrib_optim import load_distributed_optimizer_state
-from megatron.training.checkpoint.layout import checkpoint_exists, model_parallel_position, require_torch_format
+from megatron.training.checkpoint.dist_loading import load_sharded_state
+from megatron.training.checkpoint.layout import checkpoint_exists, model_parallel_position, require_supported_format
 from megatron.training.checkpoint.reading import load_base_checkpoint
 from megatron.training.checkpoint.rng import set_rng_state
 from megatron.training.checkpoint.state_dict import load_model_state
@@ -92,7 +95,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
     torch-format load keeps none); `args` defaults to `get_args()`.
     """
     args = args if args is not None else get_args()
-    require_torch_format(args)
+    require_supported_format(args.ckpt_format)
     load_dir = _resume_directory(args, load_arg)
     state_dict, checkpoint_name, release = load_base_checkpoint(load_dir, args)
     if state_dict is None:
@@ -107,23 +110,31 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
         )
     iteration = 0 if args.finetune or release else _iteration(state_dict, checkpoint_name)
     num_floating_point_operations_so_far = state_dict.get("num_floating_point_operations_so_far", 0)
+    sharded = is_distributed_checkpoint(checkpoint_name)
     if not args.finetune:
         if "args" in state_dict:
-            check_checkpoint_args(state_dict["args"], args, checkpoint_version, checkpoint_name)
+            check_checkpoint_args(state_dict["args"], args, checkpoint_version, checkpoint_name,
+                                  check_parallel_sizes=not sharded)
         _restore_counters(args, state_dict, iteration)
 
-    load_model_state(model, state_dict, strict, checkpoint_name)
+    load_optimizer = not (release or args.finetune or args.no_load_optim)
+    load_rng = not (release or args.finetune or args.no_load_rng)
+    if sharded:
+        load_rng = load_sharded_state(model, optimizer, state_dict, checkpoint_name, args,
+                                      load_optimizer and optimizer is not None, load_rng)
+    else:
+        load_model_state(model, state_dict, strict, checkpoint_name)
     print_rank_0(f" checkpoint version {checkpoint_version}")
 
-    if not (release or args.finetune or args.no_load_optim):
-        _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict, checkpoint_name)
-        if args.use_distributed_optimizer and optimizer is not None:
+    if load_optimizer:
+        _load_optimizer_and_scheduler(None if sharded else optimizer, opt_param_scheduler, state_dict, checkpoint_name)
+        if args.use_distributed_optimizer and optimizer is not None and not sharded:
             load_distributed_optimizer_state(optimizer, checkpoint_name)
     elif optimizer is not None and (args.fp16 or args.bf16):
         # The fp32 main params still hold the initial weights: take them from the loaded model.
         optimizer.reload_model_params()
 
-    if not (release or args.finetune or args.no_load_rng):
+    if load_rng:
         set_rng_state(state_dict, args.data_parallel_random_init, checkpoint_name)
 
     if dist.is_initialized():

@@ -1,4 +1,5 @@
-"""`save_checkpoint`: one torch-format file per model-parallel rank, then the tracker.
+"""`save_checkpoint`: one torch-format file per model-parallel rank, then the tracker
+(`--ckpt-format torch_dist` goes to dist_saving.py).
 
     1. every rank reads its RNG state (gathered over DP with --data-parallel-random-init)
     2. data-parallel rank 0 of each model-parallel group writes iter_N/mp_rank_../model_optim_rng.pt
@@ -16,6 +17,7 @@ from datetime import datetime
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.training.checkpoint.dist_saving import save_sharded_checkpoint
 from megatron.training.checkpoint.distrib_optim import finish_param_gathers, save_distributed_optimizer_state
 from megatron.training.checkpoint.files import save_atomically, write_text_atomically
 from megatron.training.checkpoint.layout import (
@@ -23,7 +25,7 @@ from megatron.training.checkpoint.layout import (
     get_checkpoint_name,
     get_checkpoint_tracker_filename,
     model_parallel_position,
-    require_torch_format,
+    require_supported_format,
 )
 from megatron.training.checkpoint.rng import get_rng_state
 from megatron.training.checkpoint.state_dict import generate_state_dict
@@ -67,26 +69,41 @@ def save_checkpoint(
     `args.consumed_train_samples`. `args` defaults to `get_args()`.
     """
     args = args if args is not None else get_args()
-    require_torch_format(args)
+    require_supported_format(args.ckpt_format)
     if args.save is None:
         raise ValueError("save_checkpoint needs --save, the directory to write checkpoints to")
     if non_persistent_ckpt:
         raise ValueError("non-persistent checkpoints (--non-persistent-save-interval) are not supported yet")
-    print_rank_0(f"[{_timestamp()}] saving checkpoint at iteration {iteration:7d} to {args.save} in torch format")
+    print_rank_0(
+        f"[{_timestamp()}] saving checkpoint at iteration {iteration:7d} to {args.save} in {args.ckpt_format} format"
+    )
 
     if args.use_distributed_optimizer:
         finish_param_gathers(model)
     rng_state = None if args.no_save_rng else get_rng_state(args.data_parallel_random_init)
+    if args.ckpt_format == "torch_dist":
+        save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_scheduler, rng_state,
+                                num_floating_point_operations_so_far, args.save, release=release)
+        return
     checkpoint_name = get_checkpoint_name(
         args.save, iteration, release=release, pipeline_parallel=pipeline_parallel, tensor_rank=tensor_rank,
         pipeline_rank=pipeline_rank, expert_parallel=expert_parallel, expert_rank=expert_rank,
     )
     # Model-parallel replicas over DP (and CP, which holds the same weights) are identical: one writes.
-    if not dist.is_initialized() or parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0:
+    # With EP > 1 the experts differ between DP ranks: expert-DP rank 0 of each (tp, pp, ep) writes (the
+    # same ranks as DP x CP rank 0 when EP = 1).
+    if not dist.is_initialized() or parallel_state.get_expert_data_parallel_rank() == 0:
         state_dict = generate_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration=iteration)
         state_dict["num_floating_point_operations_so_far"] = num_floating_point_operations_so_far
         ensure_directory_exists(checkpoint_name)
-        save_atomically(state_dict, checkpoint_name)
+        try:
+            save_atomically(state_dict, checkpoint_name)
+        except OSError as error:
+            # Disk full, quota, I/O error: nothing was renamed into place and the tracker was not touched.
+            raise OSError(
+                error.errno, f"saving checkpoint iteration {iteration} to {checkpoint_name} failed ({error}); "
+                f"the previous checkpoint named by {get_checkpoint_tracker_filename(args.save)} is intact"
+            ) from error
     if args.use_distributed_optimizer and optimizer is not None and not args.no_save_optim:
         save_distributed_optimizer_state(optimizer, checkpoint_name)
 

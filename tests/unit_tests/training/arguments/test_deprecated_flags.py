@@ -105,7 +105,10 @@ def test_refused_flags_name_the_replacement(problems, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
 
 
-def test_old_fp8_and_dist_ckpt_flags_reach_the_unsupported_table(problems):
-    message = problems(*MINIMAL, "--fp8-hybrid", "--use-dist-ckpt")
+def test_old_fp8_flag_reaches_the_unsupported_table(problems):
+    message = problems(*MINIMAL, "--fp8-hybrid")
     assert "--fp8-format hybrid: FP8 training is not supported yet" in message
-    assert "--ckpt-format torch_dist: only --ckpt-format torch exists so far" in message
+
+
+def test_use_dist_ckpt_selects_torch_dist(validated):
+    assert validated(*MINIMAL, "--use-dist-ckpt").ckpt_format == "torch_dist"

@@ -13,10 +13,11 @@ from .conftest import MINIMAL
     (["--use-megatron-fsdp"], "--use-megatron-fsdp: FSDP is not supported yet"),
     (["--fp8-format", "e4m3"], "--fp8-format e4m3: FP8 training is not supported yet"),
     (["--fp4-format", "e2m1"], "--fp4-format e2m1: FP4 training is not supported yet"),
-    (["--num-experts", "8"], "--num-experts 8: mixture-of-experts layers are not supported yet"),
-    (["--moe-router-topk", "4"], "--moe-router-topk 4: mixture-of-experts layers are not supported yet"),
-    (["--ckpt-format", "torch_dist"], "--ckpt-format torch_dist: only --ckpt-format torch exists so far"),
-    (["--async-save"], "--async-save: asynchronous checkpoint saving is not supported yet"),
+    (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex: is not supported yet; use allgather"),
+    (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type sinkhorn: is not supported yet"),
+    (["--ckpt-format", "torch_dcp"], "--ckpt-format torch_dcp: is not supported yet; use torch_dist or torch"),
+    (["--async-save"], "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
+    (["--ckpt-convert-format", "torch_dist"], "--ckpt-convert-format torch_dist needs --ckpt-convert-save and --load"),
     (["--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine: only --transformer-impl "
                                                    "local (pure PyTorch) exists so far"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
@@ -27,7 +28,7 @@ def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
 
 
-@pytest.mark.parametrize("flag", ["--pipeline-model-parallel-size", "--expert-model-parallel-size"])
+@pytest.mark.parametrize("flag", ["--pipeline-model-parallel-size"])
 def test_parallel_sizes_above_one(problems, monkeypatch, flag):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert f"{flag} 2: " in problems(*MINIMAL, flag, "2")

@@ -284,16 +284,17 @@ def test_scheduler_flags_decide_between_checkpoint_and_command_line(tmp_path):
 
 def test_other_checkpoint_formats_are_refused(tmp_path):
     model, optimizer, scheduler, args = _fresh(tmp_path)
-    args.ckpt_format = "torch_dist"
-    with pytest.raises(ValueError, match="--ckpt-format torch_dist is not supported yet"):
+    args.ckpt_format = "torch_dcp"
+    with pytest.raises(ValueError, match="--ckpt-format torch_dcp is not supported yet"):
         load_checkpoint([model], optimizer, scheduler, args=args)
     args.save = str(tmp_path)
-    with pytest.raises(ValueError, match="--ckpt-format torch_dist is not supported yet"):
+    with pytest.raises(ValueError, match="--ckpt-format torch_dcp is not supported yet"):
         save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
 
     args.ckpt_format = "torch"
     (tmp_path / "iter_0000005").mkdir()
     (tmp_path / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
-    with pytest.raises(ValueError, match="iter_0000005 is a distributed \\(torch_dist\\) checkpoint"):
+    with pytest.raises(ValueError, match="iter_0000005 is a torch_dist checkpoint but this run has --ckpt-format "
+                                         "torch: pass --ckpt-format torch_dist, or --auto-detect-ckpt-format"):
         load_checkpoint([model], optimizer, scheduler, args=args)

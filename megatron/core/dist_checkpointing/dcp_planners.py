@@ -1,0 +1,182 @@
+"""The bridge to `torch.distributed.checkpoint` (DCP): planners that write and read boxes of global tensors.
+
+DCP stores, per global key, a list of chunks (offset + size inside the global shape) in `.metadata` and
+the chunk data in `__{rank}_{k}.distcp` files. Saving, each rank offers the boxes of its main-replica
+pieces (`ShardedTensor.boxes()`); the coordinator checks that the boxes of every key tile its global
+tensor exactly (no gap, no overlap). Loading, each rank asks for the boxes it holds now; DCP's
+resharding (`create_read_items_for_chunk_list`) intersects them with the saved chunks, whatever layout
+wrote them, and the reader copies each intersection into a view of the live tensor.
+"""
+
+import io
+from typing import Dict, List, Tuple
+
+import torch
+from torch.distributed.checkpoint.default_planner import _validate_global_plan, create_default_global_save_plan
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+# (global key, offset of the box in the global tensor)
+BoxId = Tuple[str, Tuple[int, ...]]
+
+
+class TensorBox:
+    """A box of the global tensor `key` ([global_shape]) held by this rank in `tensor`, at `offset`."""
+
+    def __init__(self, key: str, offset: Tuple[int, ...], tensor: torch.Tensor, global_shape: Tuple[int, ...],
+                 allow_shape_mismatch: bool = False):
+        self.key, self.offset, self.tensor = key, tuple(offset), tensor
+        self.global_shape, self.allow_shape_mismatch = tuple(global_shape), allow_shape_mismatch
+
+
+class ShardedSavePlanner(SavePlanner):
+    """Writes `boxes` (tensors) and `objects` ({storage key: picklable}) of this rank."""
+
+    def __init__(self, boxes: List[TensorBox], objects: Dict[str, object]):
+        self.boxes = {(box.key, box.offset): box for box in boxes}
+        if len(self.boxes) != len(boxes):
+            raise ValueError("two pieces of one rank claim the same place of a global tensor")
+        self.objects = objects
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator: bool = False) -> None:
+        self.is_coordinator = is_coordinator
+
+    def create_local_plan(self) -> SavePlan:
+        items = [
+            WriteItem(
+                index=MetadataIndex(box.key, torch.Size(box.offset)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=torch.Size(box.offset), sizes=box.tensor.shape),
+                    properties=TensorProperties(dtype=box.tensor.dtype),
+                    size=torch.Size(box.global_shape),
+                ),
+            )
+            for box in self.boxes.values()
+        ]
+        items += [WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO) for key in self.objects]
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def create_global_plan(self, all_plans: List[SavePlan]) -> Tuple[List[SavePlan], Metadata]:
+        global_plan, metadata = create_default_global_save_plan(all_plans)
+        problems = _validate_global_plan(global_plan, metadata)
+        if problems:
+            raise ValueError(
+                "the ranks' pieces do not tile the global tensors exactly (a layout bug, not a user error): "
+                + "; ".join(problems[:5])
+            )
+        return global_plan, metadata
+
+    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
+        self.plan = new_plan
+        return new_plan
+
+    def resolve_data(self, write_item: WriteItem):
+        if write_item.type == WriteItemType.BYTE_IO:
+            buffer = io.BytesIO()
+            torch.save(self.objects[write_item.index.fqn], buffer)
+            buffer.seek(0)
+            return buffer
+        return self.boxes[(write_item.index.fqn, tuple(write_item.index.offset))].tensor.detach()
+
+
+class ShardedLoadPlanner(LoadPlanner):
+    """Reads into `boxes` (views of live tensors, filled in place) and the objects named `object_keys`
+    (returned in `loaded_objects`). Keys absent from the checkpoint, and global shapes that differ, raise
+    a ValueError while planning, which DCP reports from every rank."""
+
+    def __init__(self, checkpoint_dir: str, boxes: List[TensorBox], object_keys: List[str]):
+        self.checkpoint_dir = checkpoint_dir
+        self.boxes = {(box.key, box.offset): box for box in boxes}
+        self.object_keys = object_keys
+        self.loaded_objects: Dict[str, object] = {}
+        self.missing_keys: List[str] = []
+        self.shape_mismatches: List[str] = []
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
+        self.metadata = metadata
+
+    def _chunk(self, box: TensorBox, saved_size) -> ChunkStorageMetadata:
+        """The part of `box` the checkpoint can fill: all of it, or (padded dims) the overlap."""
+        sizes = list(box.tensor.shape)
+        if tuple(saved_size) != box.global_shape:
+            if not box.allow_shape_mismatch or len(saved_size) != len(sizes):
+                self.shape_mismatches.append(
+                    f"{box.key}: checkpoint {tuple(saved_size)}, this run {box.global_shape}"
+                )
+                return None
+            sizes = [max(0, min(size, total - offset)) for size, total, offset in zip(sizes, saved_size, box.offset)]
+        return ChunkStorageMetadata(offsets=torch.Size(box.offset), sizes=torch.Size(sizes))
+
+    def create_local_plan(self) -> LoadPlan:
+        saved = self.metadata.state_dict_metadata
+        items: List[ReadItem] = []
+        for box in self.boxes.values():
+            if box.key not in saved:
+                self.missing_keys.append(box.key)
+                continue
+            chunk = self._chunk(box, saved[box.key].size)
+            if chunk is not None and all(chunk.sizes):
+                items += create_read_items_for_chunk_list(box.key, saved[box.key], [chunk])
+        for key in self.object_keys:
+            if key not in saved:
+                self.missing_keys.append(key)
+                continue
+            items.append(_object_read_item(key))
+        self._raise_problems()
+        self.plan = LoadPlan(items)
+        return self.plan
+
+    def _raise_problems(self) -> None:
+        problems = []
+        if self.missing_keys:
+            shown, more = ", ".join(sorted(self.missing_keys)[:8]), len(self.missing_keys) - 8
+            problems.append(f"keys missing from the checkpoint: {shown}" + (f" and {more} more" if more > 0 else ""))
+        if self.shape_mismatches:
+            problems.append("global shapes differ: " + "; ".join(self.shape_mismatches[:8]))
+        if problems:
+            raise ValueError(
+                f"distributed checkpoint {self.checkpoint_dir} does not fit this model: " + ". ".join(problems)
+            )
+
+    def create_global_plan(self, global_plan: List[LoadPlan]) -> List[LoadPlan]:
+        return global_plan
+
+    def finish_plan(self, central_plan: LoadPlan) -> LoadPlan:
+        return central_plan
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        self.loaded_objects[read_item.dest_index.fqn] = torch.load(value, map_location="cpu", weights_only=False)
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        box = self.boxes[(read_item.dest_index.fqn, tuple(read_item.dest_index.offset))]
+        view = box.tensor
+        for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            view = view.narrow(dim, start, length)
+        return view
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        """Nothing to do: `resolve_tensor` handed out a view of the live tensor, which the reader filled."""
+
+
+def _object_read_item(key: str) -> ReadItem:
+    return ReadItem(
+        type=LoadItemType.BYTE_IO,
+        dest_index=MetadataIndex(key),
+        dest_offsets=torch.Size((0,)),
+        storage_index=MetadataIndex(key),
+        storage_offsets=torch.Size((0,)),
+        lengths=torch.Size((0,)),
+    )

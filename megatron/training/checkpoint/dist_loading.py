@@ -1,0 +1,95 @@
+"""`--ckpt-format torch_dist` loading, under any tensor/pipeline/data-parallel layout.
+
+`load_checkpoint` (loading.py) reads common.pt like a torch-format file (iteration, args, counters,
+scheduler) and hands the tensors to `load_sharded_state`: every rank asks for the pieces of the global
+tensors it holds now, and DCP reads them from whichever files the saving layout wrote. Model params
+and optimizer state are filled in place. The RNG state is only restored under the layout that saved
+it (as in Megatron-LM): another layout draws other random streams anyway.
+
+Which format a checkpoint has is told by its metadata.json. A format other than --ckpt-format is an
+error unless --auto-detect-ckpt-format is given.
+"""
+
+import glob
+import os
+
+from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict
+from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
+from megatron.core.dist_checkpointing.optimizer_sharding import optimizer_sharded_state_dict, prepare_optimizer_for_load
+from megatron.training.checkpoint.dist_saving import rng_sharded_object
+from megatron.training.checkpoint.state_dict import model_chunks, model_state_key
+from megatron.training.console import print_rank_0
+
+
+def _has_dcp_files(checkpoint_dir) -> bool:
+    return os.path.isfile(os.path.join(checkpoint_dir, ".metadata")) or bool(
+        glob.glob(os.path.join(checkpoint_dir, "*.distcp"))
+    )
+
+
+def detect_checkpoint_format(checkpoint_dir, args) -> str:
+    """"torch_dist" or "torch" for the iteration directory `checkpoint_dir`, checked against --ckpt-format
+    (a mismatch is an error without --auto-detect-ckpt-format)."""
+    found = "torch_dist" if is_distributed_checkpoint(checkpoint_dir) else "torch"
+    if found == "torch" and _has_dcp_files(checkpoint_dir):
+        raise ValueError(
+            f"{checkpoint_dir} is an incompletely written distributed checkpoint (no metadata.json: its save was "
+            "interrupted); load an earlier iteration with --ckpt-step"
+        )
+    if found != args.ckpt_format and not args.auto_detect_ckpt_format:
+        raise ValueError(
+            f"{checkpoint_dir} is a {found} checkpoint but this run has --ckpt-format {args.ckpt_format}: pass "
+            f"--ckpt-format {found}, or --auto-detect-ckpt-format to load either format"
+        )
+    return found
+
+
+def read_common_state(checkpoint_dir) -> dict:
+    """common.pt of a torch_dist checkpoint: the keys of a torch-format file, without the tensors."""
+    return load_common_state_dict(checkpoint_dir)
+
+
+def _saved_layout(state_dict: dict):
+    saved_args = state_dict.get("args")
+    return (getattr(saved_args, "pipeline_model_parallel_size", None),
+            getattr(saved_args, "tensor_model_parallel_size", None),
+            getattr(saved_args, "data_parallel_size", None))
+
+
+def _can_restore_rng(state_dict: dict, args) -> bool:
+    saved = _saved_layout(state_dict)
+    current = (args.pipeline_model_parallel_size, args.tensor_model_parallel_size, args.data_parallel_size)
+    compared = 3 if args.data_parallel_random_init else 2
+    if saved[:compared] == current[:compared]:
+        return True
+    print_rank_0(
+        f" the checkpoint was saved with (PP, TP{', DP' if compared == 3 else ''}) = {saved[:compared]}, this run "
+        f"has {current[:compared]}: the RNG state is not restored (this run's seeds are used)"
+    )
+    return False
+
+
+def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args, load_optimizer: bool,
+                       load_rng: bool) -> bool:
+    """Loads the model (and the optimizer's state with `load_optimizer`) from `checkpoint_dir` in place;
+    with `load_rng`, puts the saved RNG state under state_dict["rng_state"] when this layout can use it.
+    Returns whether it did. Collective."""
+    chunks = model_chunks(model)
+    request = {model_state_key(index, len(chunks)): model_sharded_state_dict(chunk)
+               for index, chunk in enumerate(chunks)}
+    if load_optimizer:
+        if "optimizer" not in state_dict:
+            raise ValueError(
+                f"checkpoint {checkpoint_dir} has no optimizer state (was it saved with --no-save-optim?); pass "
+                "--no-load-optim or --finetune to start the optimizer afresh"
+            )
+        prepare_optimizer_for_load(optimizer, state_dict["optimizer"]["common"])
+        request["optimizer"] = optimizer_sharded_state_dict(optimizer, chunks)
+    restore_rng = load_rng and _can_restore_rng(state_dict, args)
+    if restore_rng:
+        request["rng_state"] = rng_sharded_object(None, args.data_parallel_random_init)
+    loaded = load(request, checkpoint_dir)
+    if restore_rng:
+        state_dict["rng_state"] = loaded["rng_state"]
+    return restore_rng
+

@@ -1,0 +1,125 @@
+"""`--ckpt-format torch_dist` saving: one directory per iteration written by all ranks (reference 8.1).
+
+    iter_N/metadata.json, common.pt      args, iteration, scheduler, optimizer hyper-parameters (rank 0)
+    iter_N/.metadata, __{rank}_0.distcp  model, optimizer state and RNG as global tensors (every rank)
+
+Global keys are the model's state-dict names with global layer numbers (model_sharding.py); optimizer
+state sits on its params' keys (optimizer_sharding.py); the RNG state of each (pipeline, tensor) rank is
+the ShardedObject `rng_state` (with a data-parallel axis under --data-parallel-random-init). The
+data-parallel ranks share the writes of what they all hold unless --no-ckpt-fully-parallel-save.
+
+The tracker names the iteration only after every rank has finished writing (a barrier, then global
+rank 0 writes it). With --async-save the writing runs in the background and that step happens in
+`finalize_async_save`, called before the next save and at the end of training; a run that dies before
+leaves the previous checkpoint "latest".
+"""
+
+from typing import Optional
+
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.dist_checkpointing import ShardedObject, save
+from megatron.core.dist_checkpointing.async_save import AsyncSaveRequest
+from megatron.core.dist_checkpointing.fully_parallel import distribute_replica_writes
+from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
+from megatron.core.dist_checkpointing.optimizer_sharding import optimizer_common_state, optimizer_sharded_state_dict
+from megatron.core.dist_checkpointing.serialization import split_state_dict
+from megatron.training.checkpoint.files import write_text_atomically
+from megatron.training.checkpoint.layout import get_checkpoint_name, get_checkpoint_tracker_filename
+from megatron.training.checkpoint.state_dict import CHECKPOINT_VERSION, model_chunks, model_state_key
+from megatron.training.console import print_rank_0
+
+_pending_save: Optional[AsyncSaveRequest] = None
+
+
+def rng_sharded_object(rng_state, data_parallel_random_init: bool) -> ShardedObject:
+    """This rank's RNG state as a piece of the (PP, TP[, DP]) grid; DP replicas are not written."""
+    position = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
+    shape = (parallel_state.get_pipeline_model_parallel_world_size(),
+             parallel_state.get_tensor_model_parallel_world_size())
+    data_parallel_rank = parallel_state.get_data_parallel_rank()
+    if data_parallel_random_init:
+        return ShardedObject("rng_state", rng_state, (*shape, parallel_state.get_data_parallel_world_size()),
+                             (*position, data_parallel_rank))
+    return ShardedObject("rng_state", rng_state, shape, position, replica_id=data_parallel_rank)
+
+
+def sharded_checkpoint_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration,
+                                  num_floating_point_operations_so_far) -> dict:
+    """The state dict of a torch_dist checkpoint: reference 8.2's keys, with ShardedTensors for the model
+    and optimizer tensors and a ShardedObject for the RNG state. Collective over tensor-parallel ranks."""
+    chunks = model_chunks(model)
+    state_dict = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration,
+                  "num_floating_point_operations_so_far": num_floating_point_operations_so_far}
+    for index, chunk in enumerate(chunks):
+        state_dict[model_state_key(index, len(chunks))] = model_sharded_state_dict(chunk)
+    if optimizer is not None and not args.no_save_optim:
+        state_dict["optimizer"] = {"sharded": optimizer_sharded_state_dict(optimizer, chunks),
+                                   "common": optimizer_common_state(optimizer)}
+        if opt_param_scheduler is not None:
+            state_dict["opt_param_scheduler"] = opt_param_scheduler.state_dict()
+    if rng_state is not None:
+        state_dict["rng_state"] = rng_sharded_object(rng_state, args.data_parallel_random_init)
+    return state_dict
+
+
+def _spread_writes(state_dict: dict) -> None:
+    """Gives each piece replicated over the DP ranks to one of them (the distributed optimizer's own
+    stretches are not replicated: they stay with their rank)."""
+    replicated = {key: value for key, value in state_dict.items() if key.startswith("model")}
+    if "optimizer" in state_dict:
+        replicated["optimizer"] = {"sharded": {key: [piece for piece in pieces if piece.flattened_range is None]
+                                               for key, pieces in state_dict["optimizer"]["sharded"].items()}}
+    _, tensors, _ = split_state_dict(replicated)
+    distribute_replica_writes(tensors, parallel_state.get_data_parallel_rank(with_context_parallel=True),
+                              parallel_state.get_data_parallel_world_size(with_context_parallel=True))
+
+
+def finalize_async_save(blocking: bool = True) -> None:
+    """Waits for the background save (if any) and makes it "latest" (collective: every rank calls it).
+
+    With blocking=False nothing happens unless the write has finished on every rank.
+    """
+    global _pending_save
+    if _pending_save is None:
+        return
+    if not blocking:
+        done = [_pending_save.is_done()]
+        if dist.is_initialized():
+            everywhere = [None] * dist.get_world_size()
+            dist.all_gather_object(everywhere, done[0])
+            done = everywhere
+        if not all(done):
+            return
+    request, _pending_save = _pending_save, None
+    request.finalize()
+
+
+def save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_scheduler, rng_state,
+                            num_floating_point_operations_so_far, save_dir, release=False) -> None:
+    """Writes iteration `iteration` in torch_dist format under `save_dir` and, once every rank is done
+    (at once, or in finalize_async_save with --async-save), names it in the tracker."""
+    global _pending_save
+    finalize_async_save(blocking=True)
+    checkpoint_dir = get_checkpoint_name(save_dir, iteration, release=release, return_base_dir=True)
+    state_dict = sharded_checkpoint_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration,
+                                               num_floating_point_operations_so_far)
+    if args.ckpt_fully_parallel_save:
+        _spread_writes(state_dict)
+    request = save(state_dict, checkpoint_dir, async_sharded_save=bool(args.async_save))
+
+    def make_latest():
+        if dist.is_initialized():
+            dist.barrier()
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            write_text_atomically("release" if release else str(iteration), get_checkpoint_tracker_filename(save_dir))
+        print_rank_0(f"  successfully saved checkpoint from iteration {iteration:7d} to {save_dir} [ torch_dist ]")
+        if dist.is_initialized():
+            dist.barrier()
+
+    if request is None:
+        make_latest()
+    else:
+        request.add_finalize_fn(make_latest)
+        _pending_save = request
