@@ -14,6 +14,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
+from megatron.training.pipeline_loss import broadcast_from_last_stage
 
 
 def evaluate(forward_step_func, data_iterator, model, config) -> dict:
@@ -54,7 +55,7 @@ def evaluate(forward_step_func, data_iterator, model, config) -> dict:
         if key not in averaged_keys and args.data_parallel_size > 1:
             dist.all_reduce(pair, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
         results[key] = (pair[0] / pair[1].clamp(min=1)).item()
-    return results
+    return {key: float(value) for key, value in broadcast_from_last_stage(results).items()}
 
 
 def evaluate_and_print_results(prefix, forward_step_func, data_iterator, model, iteration, config, write_to_tensorboard=True):

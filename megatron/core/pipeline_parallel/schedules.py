@@ -1,73 +1,50 @@
 """Forward/backward schedules over microbatches (Megatron-Core's `pipeline_parallel/schedules.py`).
 
 A schedule runs `forward_step_func` on `num_microbatches` microbatches, backpropagates each loss, and
-returns the loss reports of the last pipeline stage. Loss scaling, as Megatron does it:
+returns the loss reports of the last pipeline stage. `get_forward_backward_func()` picks it:
 
-    3-tuple loss_func -> (loss_sum, num_tokens, report):
-        backward on loss_sum / num_tokens / num_microbatches   (per-microbatch token mean, averaged)
-        or on loss_sum itself with calculate_per_token_loss    (finalize_model_grads then divides all
-                                                                gradients by the global token count)
-    legacy 2-tuple loss_func -> (loss, report):
-        backward on loss / num_microbatches
+    PP = 1                        forward_backward_no_pipelining                      (below)
+    PP > 1                        forward_backward_pipelining_without_interleaving   (one_f_one_b.py)
+    PP > 1 with virtual stages    forward_backward_pipelining_with_interleaving      (interleaved.py)
 
-Only the no-pipelining schedule exists so far; pipeline parallelism comes with the pipeline issue.
+The per-microbatch pieces (loss scaling, backward, freeing sent outputs) are in microbatch_step.py and are
+importable from here under Megatron-Core's names.
 """
-
-import contextlib
 
 import torch
 
 from megatron.core import parallel_state
+from megatron.core.pipeline_parallel.grad_sync import GradSyncSwitch, finalize_gradients, new_token_count
+from megatron.core.pipeline_parallel.interleaved import forward_backward_pipelining_with_interleaving
+from megatron.core.pipeline_parallel.microbatch_step import (
+    backward_step,
+    custom_backward,
+    deallocate_output_tensor,
+    forward_step,
+    get_model_config,
+)
+from megatron.core.pipeline_parallel.one_f_one_b import forward_backward_pipelining_without_interleaving
 
-
-def get_model_config(model):
-    """The `TransformerConfig` of a model, through any DDP / Float16Module wrappers."""
-    module = model
-    while not hasattr(module, "config") and hasattr(module, "module"):
-        module = module.module
-    if not hasattr(module, "config"):
-        raise ValueError(f"{type(model).__name__} has no `config`: schedules need a Megatron-Core model")
-    return module.config
+__all__ = [
+    "backward_step",
+    "custom_backward",
+    "deallocate_output_tensor",
+    "forward_backward_no_pipelining",
+    "forward_backward_pipelining_with_interleaving",
+    "forward_backward_pipelining_without_interleaving",
+    "forward_step",
+    "get_forward_backward_func",
+    "get_model_config",
+]
 
 
 def get_forward_backward_func():
-    """The schedule for the current parallel layout (no pipelining when PP = 1)."""
+    """The schedule for the current parallel layout (see the module docstring)."""
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise ValueError("pipeline parallelism (pipeline-model-parallel-size > 1) is not supported yet")
+        if parallel_state.get_virtual_pipeline_model_parallel_world_size() is not None:
+            return forward_backward_pipelining_with_interleaving
+        return forward_backward_pipelining_without_interleaving
     return forward_backward_no_pipelining
-
-
-def forward_step(forward_step_func, data_iterator, model, num_microbatches, config, forward_data_store):
-    """Runs one microbatch forward; returns (the tensor to backpropagate, its token count)."""
-    autocast = (
-        torch.autocast(device_type=_device_type(model), dtype=config.autocast_dtype or config.params_dtype)
-        if config.enable_autocast
-        else contextlib.nullcontext()
-    )
-    with autocast:
-        output_tensor, loss_func = forward_step_func(data_iterator, model)
-    outputs = loss_func(output_tensor)
-    if len(outputs) == 3:
-        loss, num_tokens, report = outputs
-        if not config.calculate_per_token_loss:
-            loss = loss / num_tokens.clamp(min=1) if torch.is_tensor(num_tokens) else loss / max(num_tokens, 1)
-            loss = loss / num_microbatches
-    elif len(outputs) == 2:
-        loss, report = outputs
-        num_tokens = torch.tensor(0, dtype=torch.int)
-        loss = loss / num_microbatches
-    else:
-        raise ValueError(
-            f"loss_func returned {len(outputs)} values; expected (loss_sum, num_tokens, report) or (loss, report)"
-        )
-    forward_data_store.append(report)
-    return loss, num_tokens
-
-
-def backward_step(loss, config) -> None:
-    if config.grad_scale_func is not None:
-        loss = config.grad_scale_func(loss)
-    loss.backward()
 
 
 def forward_backward_no_pipelining(
@@ -94,32 +71,21 @@ def forward_backward_no_pipelining(
     if collect_non_loss_data:
         raise ValueError("collect_non_loss_data is not supported yet")
     config = get_model_config(model)
-    no_sync = config.no_sync_func or contextlib.nullcontext
     forward_data_store = []
-    token_counts = []  # kept on the device: summing them on the host would sync every microbatch
-
-    def one_microbatch():
-        if forward_only:
-            with torch.no_grad():
-                forward_step(forward_step_func, data_iterator, model, num_microbatches, config, forward_data_store)
-            return
-        loss, num_tokens = forward_step(
-            forward_step_func, data_iterator, model, num_microbatches, config, forward_data_store
-        )
-        token_counts.append(torch.as_tensor(num_tokens).detach())
-        backward_step(loss, config)
-
-    with no_sync():
-        for _ in range(num_microbatches - 1):
-            one_microbatch()
-    one_microbatch()
-
-    if not forward_only and config.finalize_model_grads_func is not None:
-        total_num_tokens = torch.stack(token_counts).sum() if config.calculate_per_token_loss else None
-        config.finalize_model_grads_func([model], total_num_tokens)
+    total_num_tokens = new_token_count()
+    grad_sync = GradSyncSwitch(config)
+    grad_sync.disable()
+    with torch.set_grad_enabled(not forward_only):
+        for microbatch in range(num_microbatches):
+            if microbatch == num_microbatches - 1:
+                grad_sync.enable()
+            loss, num_tokens = forward_step(
+                forward_step_func, data_iterator, model, num_microbatches, None, forward_data_store, config
+            )
+            total_num_tokens.add_(num_tokens)
+            if not forward_only:
+                backward_step(None, loss, None, config)
+    grad_sync.enable()
+    if not forward_only:
+        finalize_gradients(config, [model], total_num_tokens)
     return forward_data_store
-
-
-def _device_type(model) -> str:
-    parameter = next(model.parameters(), None)
-    return parameter.device.type if parameter is not None else "cpu"

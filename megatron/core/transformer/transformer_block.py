@@ -15,16 +15,11 @@ import torch
 
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.pipeline_layer_split import get_num_layers_to_build
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
-
-
-def get_num_layers_to_build(config: TransformerConfig, vp_stage: int | None = None) -> int:
-    """Layers on this (virtual) pipeline stage: L / (pp * vpp)."""
-    chunks = config.pipeline_model_parallel_size * (config.virtual_pipeline_model_parallel_size or 1)
-    return config.num_layers // chunks
 
 
 @dataclass

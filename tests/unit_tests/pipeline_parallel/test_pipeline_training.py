@@ -1,0 +1,262 @@
+"""Several optimizer steps under pipeline parallelism against one process training the whole model.
+
+Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G = 2), PP=4 (tied),
+uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
+embeddings), and TP=2 (+SP) x PP=2 x DP=2 on 8 ranks. Every layout trains the same 4-layer model on the
+same global batch of 8 sequences with Megatron-Core's path (GPTModel stages, DDP, the schedule of
+`get_forward_backward_func`, finalize_model_grads, get_megatron_optimizer with Adam and clipping); the
+reference is that model in one process with `torch.optim.AdamW` and `clip_grad_norm_`.
+
+Each stage starts from the reference's weights (its layers picked by their global index: offset +
+local index, reference 9.3) - except the last stage's copy of a tied embedding, which must come out of
+the initialisation itself (zeroed, then all-reduced over the embedding group): it is compared with the
+reference's embedding. Every step the loss (last stage), each stage's gradients (the tied copy's
+gradient must be the sum of both stages', i.e. the reference's embedding gradient) and the global
+gradient norm must match, and after the last step the weights (both tied copies still equal).
+
+Tolerances in fp32, as in the tensor-parallel test: losses, gradients, grad norms 2e-5; weights after Adam
+1e-4.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
+from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.tensor_parallel.test_tensor_parallel_training import (
+    _COLUMNS_SPLIT,
+    _ROWS_SPLIT,
+    _scaled_error,
+    _unsharded,
+)
+
+SEQ, MICRO_BATCH, GLOBAL_BATCH, VOCAB, STEPS = 16, 2, 8, 128, 3
+LR, WEIGHT_DECAY, CLIP = 3e-3, 0.01, 0.5
+TOLERANCE, WEIGHT_TOLERANCE = 2e-5, 1e-4
+POSITIONS = torch.arange(SEQ).expand(MICRO_BATCH, SEQ)
+
+MODELS = {
+    "gpt2": dict(
+        config=dict(num_layers=4, hidden_size=32, num_attention_heads=4),
+        model=dict(share_embeddings_and_output_weights=True),
+    ),
+    "llama": dict(
+        config=dict(
+            num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
+            normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        ),
+        model=dict(position_embedding_type="rope", share_embeddings_and_output_weights=False),
+    ),
+}
+
+# (model, world size, parallel layout)
+LAYOUTS = {
+    "PP=2": ("gpt2", 2, dict(pp=2)),
+    "PP=2, 2 virtual stages": ("gpt2", 2, dict(pp=2, vpp=2, group=2)),
+    "PP=4": ("gpt2", 4, dict(pp=4)),
+    "uneven PP=2 (1+3) x DP=2": ("llama", 4, dict(pp=2, first=1, last=3)),
+    "TP=2+SP x PP=2 x DP=2": ("gpt2", 8, dict(tp=2, pp=2, sequence_parallel=True)),
+}
+
+
+def _global_batches():
+    generator = torch.Generator().manual_seed(5)
+    batches = []
+    for _ in range(STEPS):
+        sequences = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=generator)
+        batches.append((sequences[:, :-1], sequences[:, 1:]))
+    return batches
+
+
+def _reference_run(name: str) -> list[dict]:
+    torch.manual_seed(11)
+    config = TransformerConfig(**MODELS[name]["config"], use_cpu_initialization=True, hidden_dropout=0.0,
+                               attention_dropout=0.0)
+    model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, **MODELS[name]["model"])
+    decayed = [param for param in model.parameters() if param.dim() > 1]
+    others = [param for param in model.parameters() if param.dim() <= 1]
+    optimizer = torch.optim.AdamW(
+        [dict(params=decayed, weight_decay=WEIGHT_DECAY), dict(params=others, weight_decay=0.0)], lr=LR
+    )
+    steps = [dict(weights={key: value.clone() for key, value in model.state_dict().items()})]
+    for tokens, labels in _global_batches():
+        optimizer.zero_grad()
+        loss = model(tokens, POSITIONS[:1].expand(GLOBAL_BATCH, SEQ), None, labels=labels).mean()
+        loss.backward()
+        grads = {key: param.grad.clone() for key, param in model.named_parameters()}
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
+        optimizer.step()
+        steps.append(dict(loss=loss.item(), grads=grads, grad_norm=grad_norm,
+                          weights={key: value.clone() for key, value in model.state_dict().items()}))
+    return steps
+
+
+def _shard(name: str, full: torch.Tensor, rank: int, size: int, glu: bool) -> torch.Tensor:
+    """This TP rank's slice of a full tensor (the inverse of `_unsharded`)."""
+    if name.endswith(_ROWS_SPLIT):
+        if glu and "linear_fc1" in name:
+            gate, up = full.chunk(2, dim=0)
+            return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
+        return full.chunk(size, dim=0)[rank]
+    if name.endswith(_COLUMNS_SPLIT):
+        return full.chunk(size, dim=1)[rank]
+    return full
+
+
+def _global_name(name: str, offset: int) -> str:
+    """`decoder.layers.<local>.x` -> `decoder.layers.<offset + local>.x`."""
+    if not name.startswith("decoder.layers."):
+        return name
+    local, rest = name[len("decoder.layers."):].split(".", 1)
+    return f"decoder.layers.{offset + int(local)}.{rest}"
+
+
+def _reference_name(name: str, chunk: GPTModel) -> str:
+    """The tied last-stage copy of the embedding is the reference's embedding."""
+    if name == "output_layer.weight" and chunk.share_embeddings_and_output_weights and not chunk.pre_process:
+        return "embedding.word_embeddings.weight"
+    return name
+
+
+def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
+    """Worst errors against `reference` over the steps, on this rank's stage(s)."""
+    tp, pp, vpp = layout.get("tp", 1), layout["pp"], layout.get("vpp")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp
+    )
+    model_parallel_cuda_manual_seed(123)
+    tp_group, tp_rank = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_rank()
+    dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    config = TransformerConfig(
+        **MODELS[name]["config"], tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp, num_layers_in_first_pipeline_stage=layout.get("first"),
+        num_layers_in_last_pipeline_stage=layout.get("last"), microbatch_group_size_per_vp_stage=layout.get("group"),
+        sequence_parallel=layout.get("sequence_parallel", False), pipeline_dtype=torch.float32,
+        deallocate_pipeline_outputs=True, use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+    )
+    glu = config.gated_linear_unit
+    torch.manual_seed(11)  # the reference's seed: the first stage draws the same embedding first
+    chunks, offsets = [], []
+    for vp_stage in range(vpp or 1):
+        chunks.append(GPTModel(
+            config, get_gpt_layer_local_spec(), VOCAB, SEQ, **MODELS[name]["model"],
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage if vpp else None,
+        ))
+        offsets.append(get_transformer_layer_offset(config, vp_stage=vp_stage))
+
+    def named(chunk_index, source):
+        """(reference name, tensor) of a chunk's params (source "param") or their main grads ("grad")."""
+        chunk = chunks[chunk_index]
+        for key, param in chunk.named_parameters():
+            tensor = param.main_grad if source == "grad" else param
+            yield _reference_name(_global_name(key, offsets[chunk_index]), chunk), key, tensor
+
+    worst = {"tied copy at init": 0.0}
+    with torch.no_grad():
+        for index, chunk in enumerate(chunks):
+            for reference_key, key, param in named(index, "param"):
+                expected = _shard(reference_key, reference[0]["weights"][reference_key], tp_rank, tp, glu)
+                if key == "output_layer.weight" and reference_key != key:
+                    worst["tied copy at init"] = (param - expected).abs().max().item()
+                param.copy_(expected)
+
+    model = [
+        DistributedDataParallel(config, DistributedDataParallelConfig(), chunk, disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = [chunk.no_sync for chunk in model]
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP), model)
+    OptimizerParamScheduler(
+        optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",
+        start_wd=WEIGHT_DECAY, end_wd=WEIGHT_DECAY, wd_incr_steps=1, wd_incr_style="constant",
+    )
+
+    # This DP rank's microbatches of every global batch (Megatron's sampler: blocks of MICRO_BATCH x DP).
+    microbatches = [
+        (tokens[start : start + MICRO_BATCH], labels[start : start + MICRO_BATCH])
+        for tokens, labels in _global_batches()
+        for start in range(dp_rank * MICRO_BATCH, GLOBAL_BATCH, MICRO_BATCH * dp_size)
+    ]
+    iterators = [iter(microbatches) for _ in model]
+    is_last_stage = parallel_state.is_pipeline_last_stage()
+    for step in range(1, STEPS + 1):
+        for chunk in model:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        reports = get_forward_backward_func()(
+            forward_step_func=_forward_step, data_iterator=iterators if vpp else iterators[0],
+            model=model if vpp else model[0], num_microbatches=GLOBAL_BATCH // (MICRO_BATCH * dp_size),
+            seq_length=SEQ, micro_batch_size=MICRO_BATCH,
+        )
+        expected = reference[step]
+        if is_last_stage:
+            loss_and_tokens = torch.stack([report["lm loss"] for report in reports]).sum(dim=0)
+            dist.all_reduce(loss_and_tokens, group=parallel_state.get_data_parallel_group())
+            worst[f"loss {step}"] = abs((loss_and_tokens[0] / loss_and_tokens[1]).item() - expected["loss"])
+        else:
+            assert reports == []
+        worst[f"grads {step}"] = max(
+            _scaled_error(_unsharded(key, grad, tp_group, tp, glu), expected["grads"][reference_key])
+            for index in range(len(chunks)) for reference_key, key, grad in named(index, "grad")
+        )
+        _, grad_norm, _ = optimizer.step()
+        worst[f"grad norm {step}"] = abs(grad_norm - expected["grad_norm"]) / expected["grad_norm"]
+    worst["final weights"] = max(
+        _scaled_error(_unsharded(key, param.detach(), tp_group, tp, glu), reference[-1]["weights"][reference_key])
+        for index in range(len(chunks)) for reference_key, key, param in named(index, "param")
+    )
+    parallel_state.destroy_model_parallel()
+    return worst
+
+
+def _forward_step(data_iterator, model):
+    tokens, labels = next(data_iterator)
+    losses = model(tokens, POSITIONS, None, labels=labels)
+
+    def loss_func(output_tensor):
+        loss_sum = output_tensor.float().sum()
+        num_tokens = torch.tensor(output_tensor.numel(), dtype=torch.int)
+        return loss_sum, num_tokens, {"lm loss": torch.stack([loss_sum.detach(), num_tokens.float()])}
+
+    return losses, loss_func
+
+
+def _layouts_of_world(rank, world_size, references):
+    return {
+        layout: _pipeline_run(name, parallel, references[name])
+        for layout, (name, size, parallel) in LAYOUTS.items()
+        if size == world_size
+    }
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {name: _reference_run(name) for name in MODELS}
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_pipeline_training_matches_one_process(world_size, references):
+    """Same losses, gradients, grad norms and final weights as the whole model in one process, and the
+    last stage's tied output weight equals the first stage's embedding right after initialisation."""
+    for per_rank in run_distributed(_layouts_of_world, world_size, references):
+        for layout, worst in per_rank.items():
+            worst = dict(worst)
+            assert worst.pop("tied copy at init") == 0.0, layout
+            weights = worst.pop("final weights")
+            assert weights < WEIGHT_TOLERANCE, f"{layout}: final weights differ by {weights}"
+            bad = {key: value for key, value in worst.items() if value > TOLERANCE}
+            assert not bad, f"{layout}: {bad}"
