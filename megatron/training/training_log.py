@@ -11,6 +11,8 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
+from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
+from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
 
@@ -77,6 +79,8 @@ def training_log(
     args, timers = get_args(), get_timers()
     writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
     interval = _interval
+    if args.num_experts is not None:
+        loss_dict = {**loss_dict, **_moe_aux_losses(args)}
 
     if skipped_iter:
         interval.skipped += 1
@@ -169,6 +173,14 @@ _TIMERS_TO_LOG = [
     "batch-generator",
     "optimizer",
 ]
+
+
+def _moe_aux_losses(args) -> dict:
+    """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
+    layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
+    names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
+    num_moe_layers = sum(moe_layer_pattern(args.num_layers, args.moe_layer_freq))
+    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / get_num_microbatches())
 
 
 def _format_duration(seconds: float) -> str:

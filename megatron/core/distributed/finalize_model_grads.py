@@ -9,7 +9,9 @@
    output weight (`shared_embedding=True`), which lives on both the first and the last stage, so the
    two copies take the same step (and likewise the position embeddings over their group);
 4. with `num_tokens` (--calculate-per-token-loss): divide all grads by the global count of loss
-   tokens, broadcast from the last pipeline stage and summed over data x context parallel ranks.
+   tokens, broadcast from the last pipeline stage and summed over data x context parallel ranks;
+5. with aux-loss-free MoE balancing (`moe_router_enable_expert_bias`): move every router's expert bias
+   by the step's token counts, summed over the tensor x data x context parallel ranks.
 """
 
 from typing import List, Optional
@@ -20,6 +22,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import parallel_state
 from ..timers import timed
+from ..transformer.moe.load_balancing import get_updated_expert_bias
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:
@@ -86,6 +89,22 @@ def _allreduce_embedding_grads(model: List[torch.nn.Module]) -> None:
         )
 
 
+def _update_router_expert_bias(model: List[torch.nn.Module]) -> None:
+    """bias += rate * sign(mean load - load) for every router with an expert bias, then zero the counts."""
+    routers = [
+        module for chunk in model for module in chunk.modules() if getattr(module, "expert_bias", None) is not None
+    ]
+    if not routers:
+        return
+    tokens_per_expert = torch.stack([router.local_tokens_per_expert for router in routers])  # [L, E]
+    dist.all_reduce(tokens_per_expert, group=parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True))
+    expert_bias = torch.stack([router.expert_bias for router in routers])
+    updated = get_updated_expert_bias(tokens_per_expert, expert_bias, routers[0].config.moe_router_bias_update_rate)
+    for router, bias in zip(routers, updated):
+        router.expert_bias.copy_(bias)
+        router.local_tokens_per_expert.zero_()
+
+
 def finalize_model_grads(model: List[torch.nn.Module], num_tokens: Optional[torch.Tensor] = None) -> None:
     """Finishes the gradients of `model` (DDP-wrapped chunks, one per virtual stage) for the optimizer.
 
@@ -102,6 +121,8 @@ def finalize_model_grads(model: List[torch.nn.Module], num_tokens: Optional[torc
         _allreduce_layernorm_grads(model, config)
     with timed(timers, "embedding-grads-all-reduce", barrier=barrier):
         _allreduce_embedding_grads(model)
+    if getattr(config, "moe_router_enable_expert_bias", False):
+        _update_router_expert_bias(model)
 
     if num_tokens is not None:
         dist.broadcast(

@@ -12,7 +12,7 @@ fused bias-GELU uses the tanh approximation, and so do we; that is Hugging Face 
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Union
 
 import torch.nn.functional as F
 
@@ -20,7 +20,7 @@ from megatron.core.model_parallel_config import ModelParallelConfig, divisors, r
 from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
-from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_problems
+from megatron.core.transformer.moe.moe_config_checks import moe_config_problems
 
 RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
 RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
@@ -44,18 +44,6 @@ class TransformerConfig(ModelParallelConfig):
     # --- architecture ------------------------------------------------------------------------------------
     num_layers: int = 0
     """Transformer layers in the whole model (all pipeline stages)."""
-
-    num_layers_in_first_pipeline_stage: Optional[int] = None
-    """Layers on the first pipeline stage when it differs from the rest (uneven split)."""
-
-    num_layers_in_last_pipeline_stage: Optional[int] = None
-    """Layers on the last pipeline stage when it differs from the rest (uneven split)."""
-
-    account_for_embedding_in_pipeline_split: bool = False
-    """Count the input embedding as one layer of the first stage when splitting layers over stages."""
-
-    account_for_loss_in_pipeline_split: bool = False
-    """Count the output layer and loss as one layer of the last stage when splitting layers over stages."""
 
     hidden_size: int = 0
     """Width h of the residual stream."""
@@ -170,12 +158,68 @@ class TransformerConfig(ModelParallelConfig):
     recompute_modules: Optional[list] = None
     """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp."""
 
+    # --- mixture of experts (megatron/core/transformer/moe) ------------------------------------------------
+    num_moe_experts: Optional[int] = None
+    """Experts per MoE layer; None builds dense MLPs."""
+
+    moe_layer_freq: Union[int, List[int]] = 1
+    """Which layers are MoE: every N-th layer (N = int, layer 0 included), or one 0/1 entry per layer."""
+
+    moe_ffn_hidden_size: Optional[int] = None
+    """Width of each expert's MLP; defaults to `ffn_hidden_size`."""
+
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    """Width of the shared-expert MLP that every token also goes through (None: no shared expert)."""
+
+    moe_router_topk: int = 2
+    """Experts each token is sent to."""
+
+    moe_router_load_balancing_type: Union[str, List[str]] = "aux_loss"
+    """"aux_loss" (over the micro-batch), "seq_aux_loss" (per sequence) or "none"."""
+
+    moe_aux_loss_coeff: Union[float, List[float]] = 0.0
+    """Weight of the load-balancing loss coeff * E * sum_i f_i * P_i."""
+
+    moe_z_loss_coeff: Optional[float] = None
+    """Weight of the router z-loss mean(logsumexp(logits)^2) (None: off)."""
+
+    moe_router_score_function: str = "softmax"
+    """"softmax" or "sigmoid" scores of the router logits."""
+
+    moe_router_pre_softmax: bool = False
+    """Softmax over all experts before the top-k (else softmax over the k chosen logits)."""
+
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free balancing: a per-expert bias added to the scores for the top-k choice only, moved by
+    `moe_router_bias_update_rate` towards balance after every step (needs the sigmoid score function)."""
+
+    moe_router_bias_update_rate: float = 1e-3
+    """Step of the expert-bias update: bias_i += rate * sign(mean load - load_i)."""
+
+    moe_router_dtype: Optional[str] = None
+    """Accepted for compatibility: the router always computes its logits and scores in fp32."""
+
+    moe_token_dispatcher_type: str = "allgather"
+    """How tokens reach the expert-parallel ranks: "allgather" or "alltoall"."""
+
+    moe_grouped_gemm: bool = False
+    """Run the local experts as one grouped GEMM (`torch._grouped_mm` on GPU), else one GEMM per expert."""
+
+    moe_expert_capacity_factor: Optional[float] = None
+    """Token dropping: each expert takes at most ceil(k * tokens / E * factor) of a rank's tokens."""
+
+    moe_pad_expert_input_to_capacity: bool = False
+    """Pad every expert's input to the capacity (not supported yet)."""
+
+    moe_token_drop_policy: str = "probs"
+    """Which tokens an expert over capacity keeps: the highest "probs", or the first by "position"."""
+
+    moe_permute_fusion: bool = False
+    """Accepted for compatibility: the token permutation is the same function either way."""
+
     # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
     fp8: Optional[str] = None
     """FP8 training format ("e4m3" or "hybrid")."""
-
-    num_moe_experts: Optional[int] = None
-    """Experts per MoE layer."""
 
     multi_latent_attention: bool = False
     """DeepSeek multi-latent attention."""
@@ -191,6 +235,7 @@ class TransformerConfig(ModelParallelConfig):
         problems += self._size_problems()
         problems += self._recompute_problems()
         problems += self._feature_problems()
+        problems += moe_config_problems(self)
         raise_config_problems("TransformerConfig", problems)
         if self.apply_query_key_layer_scaling:
             self.attention_softmax_in_fp32 = True
@@ -238,7 +283,13 @@ class TransformerConfig(ModelParallelConfig):
             problems.append(
                 f"ffn_hidden_size ({self.ffn_hidden_size}) must be a multiple of tensor_model_parallel_size ({tp})"
             )
-        problems += pipeline_layer_split_problems(self)
+        pp, vpp = self.pipeline_model_parallel_size, self.virtual_pipeline_model_parallel_size
+        chunks = pp * (vpp or 1)
+        if self.num_layers % chunks:
+            layout = f"pipeline_model_parallel_size ({pp})" + (
+                f" x virtual_pipeline_model_parallel_size ({vpp})" if vpp else ""
+            )
+            problems.append(f"num_layers ({self.num_layers}) must be divisible by {layout} = {chunks}")
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -299,11 +350,9 @@ class TransformerConfig(ModelParallelConfig):
     def _feature_problems(self) -> list[str]:
         not_yet = {
             "fp8": self.fp8 is not None,
-            "num_moe_experts": self.num_moe_experts is not None,
             "multi_latent_attention": self.multi_latent_attention,
             "window_size": self.window_size is not None,
             "fp32_residual_connection": self.fp32_residual_connection,
-            "expert_model_parallel_size > 1": self.expert_model_parallel_size > 1,
         }
         problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
         if self.context_parallel_size > 1:
@@ -315,3 +364,4 @@ class TransformerConfig(ModelParallelConfig):
                     "attention); use attention_dropout=0.0"
                 )
         return problems
+

@@ -20,8 +20,6 @@ class Unsupported:
 
 
 _PIPELINE = "pipeline parallelism is not supported yet"
-_MOE = "mixture-of-experts layers are not supported yet"
-_DIST_CKPT = "only --ckpt-format torch exists so far; distributed checkpoint options are not supported yet"
 
 UNSUPPORTED = (
     Unsupported("--pipeline-model-parallel-size", f"{_PIPELINE}; use 1"),
@@ -32,7 +30,6 @@ UNSUPPORTED = (
     Unsupported("--decoder-last-pipeline-num-layers", _PIPELINE),
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
-    Unsupported("--expert-model-parallel-size", "expert parallelism (EP > 1) is not supported yet; use 1"),
     Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
                                      "(Megatron does it with Transformer Engine userbuffers)"),
     Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
@@ -51,33 +48,18 @@ UNSUPPORTED = (
     Unsupported("--optimizer", "is not supported yet; use adam or sgd",
                 ("muon", "dist_muon", "lion", "soap", "adaptive_muon")),
     Unsupported("--step-batch-size-schedule", "is not supported yet; use --rampup-batch-size"),
-    Unsupported("--ckpt-format", "only --ckpt-format torch exists so far (Megatron's default torch_dist is "
-                                 "not supported yet)"),
-    Unsupported("--ckpt-convert-format", _DIST_CKPT),
-    Unsupported("--ckpt-fully-parallel-load", _DIST_CKPT),
-    Unsupported("--no-ckpt-fully-parallel-save", _DIST_CKPT),
-    Unsupported("--dist-ckpt-strictness", _DIST_CKPT),
-    Unsupported("--async-save", "asynchronous checkpoint saving is not supported yet"),
+    Unsupported("--ckpt-format", "is not supported yet; use torch_dist or torch", ("torch_dcp", "fsdp_dtensor")),
+    Unsupported("--ckpt-fully-parallel-load", "reading a distributed checkpoint once per data-parallel group and "
+                                              "exchanging it is not supported yet (every rank reads its own pieces)"),
+    Unsupported("--dist-ckpt-strictness", "key-mismatch policies other than assume_ok_unexpected (missing keys "
+                                          "raise, unexpected ones are ignored) are not supported yet"),
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
     Unsupported("--adlr-autoresume", "ADLR autoresume needs NVIDIA's internal cluster library"),
-    Unsupported("--num-experts", _MOE),
-    Unsupported("--moe-layer-freq", _MOE),
-    Unsupported("--moe-ffn-hidden-size", _MOE),
-    Unsupported("--moe-shared-expert-intermediate-size", _MOE),
-    Unsupported("--moe-router-topk", _MOE),
-    Unsupported("--moe-router-load-balancing-type", _MOE),
-    Unsupported("--moe-aux-loss-coeff", _MOE),
-    Unsupported("--moe-z-loss-coeff", _MOE),
-    Unsupported("--moe-router-score-function", _MOE),
-    Unsupported("--moe-router-pre-softmax", _MOE),
-    Unsupported("--moe-router-enable-expert-bias", _MOE),
-    Unsupported("--moe-router-bias-update-rate", _MOE),
-    Unsupported("--moe-token-dispatcher-type", _MOE),
-    Unsupported("--moe-grouped-gemm", _MOE),
-    Unsupported("--moe-expert-capacity-factor", _MOE),
-    Unsupported("--moe-token-drop-policy", _MOE),
-    Unsupported("--moe-permute-fusion", _MOE),
+    Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss or none",
+                ("global_aux_loss", "sinkhorn", "quantile_balancing")),
+    Unsupported("--moe-router-score-function", "is not supported yet; use softmax or sigmoid", ("sqrtsoftplus",)),
+    Unsupported("--moe-token-dispatcher-type", "is not supported yet; use allgather or alltoall", ("flex",)),
 )
 
 

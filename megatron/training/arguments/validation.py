@@ -13,6 +13,7 @@ from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_model import check_recompute, derive_model_shape
+from megatron.training.arguments.validate_moe import check_moe
 from megatron.training.arguments.validate_parallel import derive_parallel_sizes, derive_pipeline_stages
 from megatron.training.arguments.validate_schedule import check_learning_rate, check_run_length, derive_batch_sizes
 
@@ -139,6 +140,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     derive_model_shape(args, problems)
     derive_pipeline_stages(args, problems)
     check_recompute(args, problems)
+    check_moe(args, problems)
     derive_batch_sizes(args, problems)
     check_run_length(args, problems)
     check_learning_rate(args, problems)

@@ -13,6 +13,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
@@ -30,7 +31,12 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     print_rank_0("building GPT model ...")
     config = core_transformer_config_from_args(args)
     spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm)
-    if args.transformer_impl == "transformer_engine":
+    if args.num_experts is not None:  # per-layer specs: MoE or dense as --moe-layer-freq says
+        layer_spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=args.transformer_impl == "transformer_engine",
+            normalization=args.normalization, vp_stage=vp_stage,
+        )
+    elif args.transformer_impl == "transformer_engine":
         layer_spec = get_gpt_layer_with_transformer_engine_spec(**spec_args)
     else:
         layer_spec = get_gpt_layer_local_spec(**spec_args, normalization=args.normalization)
@@ -58,13 +64,9 @@ def get_batch(data_iterator):
     """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device.
 
     TP rank 0 reads it and broadcasts it to the other ranks of its tensor-parallel group, which hold no
-    data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism; with
-    virtual stages only the first chunk of the first rank and the last chunk of the last rank read it).
+    data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism).
     """
-    if not (
-        parallel_state.is_pipeline_first_stage(ignore_virtual=False)
-        or parallel_state.is_pipeline_last_stage(ignore_virtual=False)
-    ):
+    if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
         return None, None, None, None, None
     keys = GPT_BATCH_KEYS
     if not get_args().reset_attention_mask:

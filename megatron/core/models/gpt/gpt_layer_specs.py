@@ -15,9 +15,17 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
+from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
+from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
-from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +43,15 @@ def get_gpt_layer_local_spec(
 ) -> ModuleSpec:
     """Spec of a GPT layer built from pure-PyTorch modules.
 
+    With `num_experts` the MLP slot holds a `MoELayer` (router, experts, optional shared experts);
+    `moe_grouped_gemm` picks `GroupedMLP` (keys `experts.linear_fc1.weight{i}`) over `SequentialMLP`
+    (keys `experts.local_experts.{i}.linear_fc1.weight`).
+
     `normalization` ("LayerNorm"/"RMSNorm") fixes the norm type; by default `config.normalization`
     decides when the model is built. `qk_layernorm` adds per-head norms of the queries and keys.
     """
     reject_unsupported(
         "get_gpt_layer_local_spec",
-        num_experts=num_experts,
-        moe_grouped_gemm=moe_grouped_gemm,
         multi_latent_attention=multi_latent_attention,
         fp8=fp8,
         moe_use_legacy_grouped_gemm=moe_use_legacy_grouped_gemm,
@@ -72,11 +82,59 @@ def get_gpt_layer_local_spec(
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=layer_norm,
-            mlp=ModuleSpec(
-                module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
-            ),
+            mlp=_mlp_spec(num_experts, moe_grouped_gemm),
             mlp_bda=get_bias_dropout_add,
         ),
+    )
+
+
+def _dense_mlp_spec() -> ModuleSpec:
+    return ModuleSpec(
+        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    )
+
+
+def _mlp_spec(num_experts: int | None, moe_grouped_gemm: bool) -> ModuleSpec:
+    if num_experts is None:
+        return _dense_mlp_spec()
+    return ModuleSpec(
+        module=MoELayer,
+        submodules=MoESubmodules(
+            experts=GroupedMLP if moe_grouped_gemm else SequentialMLP, shared_experts=_dense_mlp_spec()
+        ),
+    )
+
+
+def get_gpt_decoder_block_spec(
+    config,
+    use_transformer_engine: bool,
+    normalization: str | None = None,
+    qk_l2_norm: bool = False,
+    vp_stage: int | None = None,
+) -> TransformerBlockSubmodules:
+    """Per-layer specs of this pipeline stage's layers: MoE where `moe_layer_pattern` says so, dense
+    elsewhere (Megatron-Core's choice for `--num-experts` with `--moe-layer-freq`)."""
+    spec_args = dict(qk_layernorm=config.qk_layernorm, qk_l2_norm=qk_l2_norm)
+    if use_transformer_engine:
+        dense = get_gpt_layer_with_transformer_engine_spec(**spec_args)
+        moe = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm, **spec_args
+        )
+    else:
+        dense = get_gpt_layer_local_spec(normalization=normalization, **spec_args)
+        moe = get_gpt_layer_local_spec(
+            num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
+            normalization=normalization, **spec_args,
+        )
+    pattern = moe_layer_pattern(config.num_layers, config.moe_layer_freq)
+    offset = get_transformer_layer_offset(config, vp_stage)
+    stage_pattern = pattern[offset : offset + get_num_layers_to_build(config, vp_stage)]
+    layer_norm = (
+        WrappedTorchNorm if normalization is None
+        else ModuleSpec(module=WrappedTorchNorm, params={"normalization": normalization})
+    )
+    return TransformerBlockSubmodules(
+        layer_specs=[moe if is_moe else dense for is_moe in stage_pattern], layer_norm=layer_norm
     )
 
 

@@ -6,9 +6,11 @@ import types
 
 import pytest
 from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.torch_norm import RMSNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -30,8 +32,17 @@ def test_transformer_engine_spec_with_te_present_builds_the_local_layers(monkeyp
 
 
 def test_local_spec_rejects_features_that_do_not_exist_yet():
-    with pytest.raises(ValueError, match="num_experts=8 is not supported yet"):
-        get_gpt_layer_local_spec(num_experts=8)
+    with pytest.raises(ValueError, match="multi_latent_attention=True is not supported yet"):
+        get_gpt_layer_local_spec(multi_latent_attention=True)
+
+
+def test_decoder_block_spec_follows_moe_layer_freq():
+    """--moe-layer-freq 2 on 4 layers: layers 0 and 2 are MoE; a 0/1 list is taken as written."""
+    for freq, expected in ((2, [True, False, True, False]), ([0, 1, 1, 0], [False, True, True, False])):
+        config = TransformerConfig(num_layers=4, hidden_size=8, num_attention_heads=2, num_moe_experts=2,
+                                   add_bias_linear=False, moe_layer_freq=freq)
+        block = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+        assert [spec.submodules.mlp.module is MoELayer for spec in block.layer_specs] == expected
 
 
 def test_spec_normalization_wins_over_the_config():
