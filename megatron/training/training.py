@@ -27,6 +27,7 @@ from megatron.core.pipeline_parallel.schedules import get_model_config
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
+from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
@@ -222,9 +223,12 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
     return model, optimizer, opt_param_scheduler
 
 
-def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None):
     """One optimizer step over `num_microbatches` microbatches. Returns (loss dict, skipped, grad norm,
-    num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP."""
+    num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP.
+
+    `bad_step_guard` (bad_step.py) may veto the update (skipped, grad norm NaN when something was
+    non-finite) or raise BadStepStop."""
     args = get_args()
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -240,10 +244,13 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         decoder_seq_length=args.decoder_seq_length,
         forward_only=False,
     )
+    loss_dict = reduce_loss_reports(losses)
+    if bad_step_guard is not None and bad_step_guard.inspect(losses, loss_dict, model):
+        return loss_dict, 1, bad_step_guard.skipped_grad_norm, None
     update_successful, grad_norm, num_zeros_in_grad = optimizer.step()
     if update_successful:
         opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
-    return reduce_loss_reports(losses), int(not update_successful), grad_norm, num_zeros_in_grad
+    return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
 
 
 def reduce_loss_reports(reports: list) -> dict:
@@ -284,23 +291,30 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
     config.grad_scale_func = optimizer.scale_loss
     config.timers = timers
     config.no_sync_func = model[0].no_sync
-    config.finalize_model_grads_func = finalize_model_grads
     exit_conditions = ExitConditions(args, start_time)
 
     iteration = args.iteration
+    bad_step_guard = BadStepGuard(args, iteration)
+    config.finalize_model_grads_func = bad_step_guard.wrap_finalize(finalize_model_grads, model)
 
     def save():
         # Checkpoint time is not iteration time: pause the interval timer around it.
         timers("interval-time").stop()
         save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
+        # The logs up to a checkpoint survive a crash after it, so a resumed run's curves have no gap.
+        if get_tensorboard_writer() is not None:
+            get_tensorboard_writer().flush()
         timers("interval-time", log_level=0).start(barrier=True)
 
     timers("interval-time", log_level=0).start(barrier=True)
     while iteration < args.train_iters:
         update_num_microbatches(args.consumed_train_samples, consistency_check=True)
-        loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
-            forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config
-        )
+        try:
+            loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
+                forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard
+            )
+        except BadStepStop as stop:
+            return iteration, stop_on_bad_step(stop, save if args.save else None)
         iteration += 1
         batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
         args.consumed_train_samples += batch_size

@@ -84,7 +84,9 @@ def training_log(
 
     if skipped_iter:
         interval.skipped += 1
-        interval.nan += int(any(not math.isfinite(float(v)) for v in loss_dict.values()))
+        # A step skipped for non-finite gradients has a finite loss; its grad norm then reads NaN.
+        nonfinite_grads = grad_norm is not None and not math.isfinite(float(grad_norm))
+        interval.nan += int(nonfinite_grads or any(not math.isfinite(float(v)) for v in loss_dict.values()))
     else:
         interval.advanced += 1
         for key, value in loss_dict.items():

@@ -78,7 +78,9 @@ def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelCon
     kwargs = _same_name_fields(DistributedDataParallelConfig, args)
     kwargs.update(
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+        # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
+        # with a checkpoint or skips); DDP's own check would raise on the one poisoned rank alone.
+        check_for_nan_in_grad=False,
         bucket_size=args.ddp_bucket_size,
         average_in_collective=args.ddp_average_in_collective,
     )

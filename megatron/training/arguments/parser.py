@@ -19,6 +19,7 @@ from megatron.training.arguments.optimizer import (
 )
 from megatron.training.arguments.parallel import _add_distributed_args
 from megatron.training.arguments.precision import _add_low_precision_args, _add_mixed_precision_args
+from megatron.training.arguments.resilience import _add_resilience_args
 from megatron.training.arguments.training import _add_autoresume_args, _add_training_args, _add_validation_args
 from megatron.training.tokenizer import add_tokenizer_args
 
@@ -60,6 +61,7 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         _add_autoresume_args,
         _add_moe_args,
         _add_logging_args,
+        _add_resilience_args,
         _add_deprecated_args,
     ):
         parser = add_group(parser)

@@ -11,6 +11,7 @@ import torch
 
 from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
+from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_model import check_recompute, derive_model_shape
 from megatron.training.arguments.validate_moe import check_moe
@@ -147,6 +148,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     _derive_precision(args, problems)
     _check_data(args, problems)
     _check_checkpointing(args, problems)
+    check_resilience(args, problems)
     _start_counters(args)
     problems.extend(find_unsupported(args))
     if problems:

@@ -5,6 +5,7 @@
     rng.py             python / numpy / torch / CUDA / tensor-parallel tracker RNG states
     state_dict.py      what a checkpoint holds (`generate_state_dict`) and the model chunks
     reading.py         which checkpoint a run loads, and loading its file
+    fallback.py        resuming from the latest checkpoint intact on every rank
     checkpoint_args.py `check_checkpoint_args`, `load_args_from_checkpoint` (--use-checkpoint-args)
     saving.py          `save_checkpoint`
     loading.py         `load_checkpoint`

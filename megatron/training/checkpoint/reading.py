@@ -6,8 +6,8 @@ without a tracker means "no checkpoint": the run starts from scratch (or stops, 
 """
 
 import os
-import re
 
+from megatron.training.checkpoint.fallback import load_latest_intact, saved_iterations
 from megatron.training.checkpoint.files import load_checkpoint_file
 from megatron.training.checkpoint.layout import (
     find_checkpoint_rank_0,
@@ -18,11 +18,6 @@ from megatron.training.checkpoint.layout import (
 from megatron.training.console import print_rank_0
 
 
-def _saved_iterations(load_dir) -> list:
-    names = os.listdir(load_dir) if os.path.isdir(load_dir) else []
-    return sorted(int(name[len("iter_"):]) for name in names if re.fullmatch(r"iter_\d{7}", name))
-
-
 def _checkpoint_iteration(load_dir, args):
     """(iteration, release) to load from `load_dir`, or None when there is nothing to load."""
     tracker_filename = get_checkpoint_tracker_filename(load_dir)
@@ -31,7 +26,7 @@ def _checkpoint_iteration(load_dir, args):
         if not os.path.isdir(get_checkpoint_name(load_dir, ckpt_step, return_base_dir=True)):
             raise FileNotFoundError(
                 f"--ckpt-step {ckpt_step}: {load_dir} has no iter_{ckpt_step:07d}; saved iterations: "
-                f"{_saved_iterations(load_dir) or 'none'}"
+                f"{saved_iterations(load_dir) or 'none'}"
             )
         return ckpt_step, False
     if os.path.isfile(tracker_filename):
@@ -68,4 +63,7 @@ def load_base_checkpoint(load_dir, args, rank0=False):
     checkpoint_name = get_checkpoint_name(load_dir, iteration, release)
     if rank0:
         checkpoint_name = find_checkpoint_rank_0(load_dir, iteration, release) or checkpoint_name
-    return load_checkpoint_file(checkpoint_name), checkpoint_name, release
+    if rank0 or release or getattr(args, "ckpt_step", None) is not None:
+        return load_checkpoint_file(checkpoint_name), checkpoint_name, release
+    state_dict, checkpoint_name, _ = load_latest_intact(load_dir, iteration)
+    return state_dict, checkpoint_name, release
