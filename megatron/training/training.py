@@ -28,6 +28,8 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
+from megatron.training.checkpoint.dist_saving import finalize_async_save
+from megatron.training.checkpoint.format_conversion import save_in_converted_format
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
@@ -35,6 +37,7 @@ from megatron.training.evaluation import evaluate_and_print_results
 from megatron.training.exit_conditions import ExitConditions
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
 from megatron.training.initialize import initialize_megatron
+from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.training_log import num_floating_point_operations, training_log
 
 
@@ -71,9 +74,14 @@ def pretrain(
     config = get_model_config(model[0])
 
     timers("train/valid/test-data-iterators-setup", log_level=0).start(barrier=True)
-    train_iterator, valid_iterator, test_iterator = build_train_valid_test_data_iterators(
-        train_valid_test_dataset_provider
-    )
+    if len(model) > 1:
+        # One iterator per virtual stage, as Megatron builds them: each chunk reads its own copy of the data.
+        per_chunk = [build_train_valid_test_data_iterators(train_valid_test_dataset_provider) for _ in model]
+        train_iterator, valid_iterator, test_iterator = ([chunk[split] for chunk in per_chunk] for split in range(3))
+    else:
+        train_iterator, valid_iterator, test_iterator = build_train_valid_test_data_iterators(
+            train_valid_test_dataset_provider
+        )
     timers("train/valid/test-data-iterators-setup").stop()
     timers.log(["model-and-optimizer-setup", "train/valid/test-data-iterators-setup"], barrier=True)
 
@@ -102,6 +110,8 @@ def pretrain(
 
 
 def _finish_writers() -> None:
+    # A checkpoint still being written in the background (--async-save) becomes "latest" here.
+    finalize_async_save(blocking=True)
     writer = get_tensorboard_writer()
     if writer is not None:
         writer.flush()
@@ -111,17 +121,28 @@ def _finish_writers() -> None:
 
 
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:
-    """Builds this rank's model chunk(s): provider -> device -> Float16Module (fp16/bf16) -> DDP."""
+    """Builds this rank's model chunks, one per virtual pipeline stage (one without virtual stages):
+    provider -> device -> Float16Module (fp16/bf16) -> DDP."""
     args = get_args()
-    kwargs = {
-        "pre_process": parallel_state.is_pipeline_first_stage(),
-        "post_process": parallel_state.is_pipeline_last_stage(),
-    }
-    if "vp_stage" in inspect.signature(model_provider_func).parameters:
-        kwargs["vp_stage"] = None
-    model = model_provider_func(**kwargs)
-    model.model_type = model_type
-    parameters = sum(p.nelement() for p in model.parameters())
+    takes_vp_stage = "vp_stage" in inspect.signature(model_provider_func).parameters
+    num_chunks = args.virtual_pipeline_model_parallel_size or 1
+    if num_chunks > 1 and not takes_vp_stage:
+        raise ValueError("virtual pipeline stages need a model_provider(pre_process, post_process, vp_stage) that "
+                         "builds the layers of stage vp_stage")
+    model = []
+    for vp_stage in range(num_chunks):
+        parallel_state.set_virtual_pipeline_model_parallel_rank(vp_stage if num_chunks > 1 else None)
+        kwargs = {
+            "pre_process": parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            "post_process": parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+        }
+        if takes_vp_stage:
+            kwargs["vp_stage"] = vp_stage if num_chunks > 1 else None
+        chunk = model_provider_func(**kwargs)
+        chunk.model_type = model_type
+        model.append(chunk)
+    parallel_state.set_virtual_pipeline_model_parallel_rank(0 if num_chunks > 1 else None)
+    parameters = sum(p.nelement() for chunk in model for p in chunk.parameters())
     if parallel_state.get_data_parallel_rank() == 0:
         print(
             f" > number of parameters on (tensor, pipeline) model parallel rank "
@@ -129,15 +150,19 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> li
             f"{parameters}",
             flush=True,
         )
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    config = get_model_config(model)
-    if args.fp16 or args.bf16:
-        model = Float16Module(config, model)
-    if wrap_with_ddp:
-        model = DistributedDataParallel(config, ddp_config_from_args(args), model)
-        model.broadcast_params()
-    return [model]
+    wrapped = []
+    for index, chunk in enumerate(model):
+        if torch.cuda.is_available():
+            chunk.cuda(torch.cuda.current_device())
+        config = get_model_config(chunk)
+        if args.fp16 or args.bf16:
+            chunk = Float16Module(config, chunk)
+        if wrap_with_ddp:
+            # Chunks after the first reduce their gradients at the end of the step, off the critical path.
+            chunk = DistributedDataParallel(config, ddp_config_from_args(args), chunk, disable_bucketing=index > 0)
+            chunk.broadcast_params()
+        wrapped.append(chunk)
+    return wrapped
 
 
 def update_train_iters(args) -> None:
@@ -220,6 +245,8 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
         timers.log(["load-checkpoint"])
     else:
         args.iteration, args.num_floating_point_operations_so_far = 0, 0
+    if args.ckpt_convert_format is not None:
+        save_in_converted_format(args, model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler
 
 
@@ -258,19 +285,19 @@ def reduce_loss_reports(reports: list) -> dict:
 
     2-element reports `[loss_sum, num_tokens]` are summed over microbatches and DP x CP ranks, giving the
     exact global token mean; 1-element (legacy, already DP-averaged) values are averaged over microbatches.
+    With pipeline parallelism the result is broadcast from the last stage to the others.
     """
-    if not reports or not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-        return {}
     reduced = {}
-    for key in reports[0]:
-        values = [torch.as_tensor(report[key]).detach().float().view(-1) for report in reports]
-        if values[0].numel() == 2:
-            total = torch.stack(values).sum(dim=0)
-            dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-            reduced[key] = total[0] / total[1].clamp(min=1)
-        else:
-            reduced[key] = torch.cat(values).mean()
-    return reduced
+    if reports and parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        for key in reports[0]:
+            values = [torch.as_tensor(report[key]).detach().float().view(-1) for report in reports]
+            if values[0].numel() == 2:
+                total = torch.stack(values).sum(dim=0)
+                dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+                reduced[key] = total[0] / total[1].clamp(min=1)
+            else:
+                reduced[key] = torch.cat(values).mean()
+    return broadcast_from_last_stage(reduced)
 
 
 def _learning_rates(optimizer):
@@ -290,7 +317,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         chunk.train()
     config.grad_scale_func = optimizer.scale_loss
     config.timers = timers
-    config.no_sync_func = model[0].no_sync
+    config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
     exit_conditions = ExitConditions(args, start_time)
 
     iteration = args.iteration

@@ -21,6 +21,7 @@ from megatron.core.transformer.context_parallel.context_parallel_attention impor
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
 from megatron.core.transformer.moe.moe_config_checks import moe_config_problems
+from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_problems
 
 RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
 RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
@@ -44,6 +45,18 @@ class TransformerConfig(ModelParallelConfig):
     # --- architecture ------------------------------------------------------------------------------------
     num_layers: int = 0
     """Transformer layers in the whole model (all pipeline stages)."""
+
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Layers on the first pipeline stage when it differs from the rest (uneven split)."""
+
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Layers on the last pipeline stage when it differs from the rest (uneven split)."""
+
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the input embedding as one layer of the first stage when splitting layers over stages."""
+
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer of the last stage when splitting layers over stages."""
 
     hidden_size: int = 0
     """Width h of the residual stream."""
@@ -283,13 +296,7 @@ class TransformerConfig(ModelParallelConfig):
             problems.append(
                 f"ffn_hidden_size ({self.ffn_hidden_size}) must be a multiple of tensor_model_parallel_size ({tp})"
             )
-        pp, vpp = self.pipeline_model_parallel_size, self.virtual_pipeline_model_parallel_size
-        chunks = pp * (vpp or 1)
-        if self.num_layers % chunks:
-            layout = f"pipeline_model_parallel_size ({pp})" + (
-                f" x virtual_pipeline_model_parallel_size ({vpp})" if vpp else ""
-            )
-            problems.append(f"num_layers ({self.num_layers}) must be divisible by {layout} = {chunks}")
+        problems += pipeline_layer_split_problems(self)
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -364,4 +371,3 @@ class TransformerConfig(ModelParallelConfig):
                     "attention); use attention_dropout=0.0"
                 )
         return problems
-

@@ -15,30 +15,12 @@ from typing import Any
 
 import torch
 
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
-
-
-def get_transformer_layer_offset(config: TransformerConfig, vp_stage: int | None = None) -> int:
-    """Global index of this pipeline stage's first layer.
-
-    Stages get L / (pp * vpp) consecutive layers; with virtual stages, chunk k of PP rank p starts at
-    k * (L / vpp) + p * L / (pp * vpp), i.e. the chunks go round-robin over the ranks.
-    """
-    pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size
-    if pp == 1 and vpp is None:
-        return 0
-    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    layers_per_chunk = config.num_layers // (pp * (vpp or 1))
-    if vpp is None:
-        return pp_rank * layers_per_chunk
-    if vp_stage is None:
-        vp_stage = parallel_state.get_virtual_pipeline_model_parallel_rank() or 0
-    return vp_stage * (config.num_layers // vpp) + pp_rank * layers_per_chunk
 
 
 @dataclass

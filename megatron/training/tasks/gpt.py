@@ -64,9 +64,13 @@ def get_batch(data_iterator):
     """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device.
 
     TP rank 0 reads it and broadcasts it to the other ranks of its tensor-parallel group, which hold no
-    data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism).
+    data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism; with
+    virtual stages only the first chunk of the first rank and the last chunk of the last rank read it).
     """
-    if not (parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()):
+    if not (
+        parallel_state.is_pipeline_first_stage(ignore_virtual=False)
+        or parallel_state.is_pipeline_last_stage(ignore_virtual=False)
+    ):
         return None, None, None, None, None
     keys = GPT_BATCH_KEYS
     if not get_args().reset_attention_mask:
