@@ -28,8 +28,6 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
-from megatron.training.checkpoint.dist_saving import finalize_async_save
-from megatron.training.checkpoint.format_conversion import save_in_converted_format
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
@@ -110,8 +108,6 @@ def pretrain(
 
 
 def _finish_writers() -> None:
-    # A checkpoint still being written in the background (--async-save) becomes "latest" here.
-    finalize_async_save(blocking=True)
     writer = get_tensorboard_writer()
     if writer is not None:
         writer.flush()
@@ -245,8 +241,6 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
         timers.log(["load-checkpoint"])
     else:
         args.iteration, args.num_floating_point_operations_so_far = 0, 0
-    if args.ckpt_convert_format is not None:
-        save_in_converted_format(args, model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler
 
 
