@@ -12,13 +12,14 @@ import torch
 
 def cuda_fuser(function):
     """Decorator: `function(*tensors...)` runs compiled (Inductor -> Triton) when its first argument is a
-    CUDA tensor, eagerly otherwise. The compiled version is built on the first CUDA call."""
+    CUDA tensor, eagerly otherwise. The compiled version is built on the first CUDA call. Inside a region
+    that is being compiled as a whole (a compiled transformer layer) the plain function is traced into it."""
     compiled = None
 
     @functools.wraps(function)
     def dispatch(first, *args, **kwargs):
         nonlocal compiled
-        if first.device.type != "cuda":
+        if first.device.type != "cuda" or torch.compiler.is_compiling():
             return function(first, *args, **kwargs)
         if compiled is None:
             compiled = torch.compile(function)

@@ -42,6 +42,15 @@ def get_grad_norm_fp32(
     (see the module docstring). The sum of p-th powers is accumulated in fp32 and all-reduced, then the
     p-th root is taken, so the result equals the norm of the concatenation of all ranks' gradients.
     """
+    return grad_norm_fp32_tensor(grads_for_norm, norm_type, grad_stats_parallel_group).item()
+
+
+def grad_norm_fp32_tensor(
+    grads_for_norm: Union[Iterable[torch.Tensor], torch.Tensor],
+    norm_type: Union[int, float] = 2,
+    grad_stats_parallel_group: Optional[dist.ProcessGroup] = None,
+) -> torch.Tensor:
+    """`get_grad_norm_fp32` as a 1-element fp32 tensor on the gradients' device: no host sync."""
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
     grads = [grad.detach() for grad in grads_for_norm]
@@ -53,7 +62,7 @@ def get_grad_norm_fp32(
         if grads:
             total = torch.stack([grad.abs().max().float() for grad in grads]).max().reshape(1)
         _all_reduce(total, dist.ReduceOp.MAX, grad_stats_parallel_group)
-        return total.item()
+        return total
 
     total = torch.zeros(1, dtype=torch.float, device=device)
     if grads:
@@ -61,7 +70,7 @@ def get_grad_norm_fp32(
         per_tensor_norms = torch._foreach_norm(grads, norm_type)
         total = torch.stack(per_tensor_norms).float().pow(norm_type).sum().reshape(1)
     _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
-    return total.item() ** (1.0 / norm_type)
+    return total.pow(1.0 / norm_type)
 
 
 def clip_grad_by_total_norm_fp32(

@@ -29,6 +29,7 @@ from .clip_grads import (
     clip_grad_by_total_norm_fp32,
     count_zeros_fp32,
     get_grad_norm_fp32,
+    grad_norm_fp32_tensor,
     param_is_not_shared,
 )
 from .grad_scaler import MegatronGradScaler
@@ -149,14 +150,30 @@ class MegatronOptimizer(ABC):
         """
         if self.prepare_grads():
             return False, None, None
+        inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
+        clip_in_update = self.config.clip_grad > 0.0 and getattr(inner, "_step_supports_amp_scaling", False)
         with self._timed("optimizer-clip-main-grad"):
-            if self.config.clip_grad > 0.0:
+            if clip_in_update:
+                # The fused Adam kernel divides every gradient by `grad_scale` as it reads it, so clipping
+                # by max_norm / (norm + 1e-6) costs no pass of its own and the norm is read only after the
+                # update is queued (one host sync per step, at its end).
+                norm = grad_norm_fp32_tensor(
+                    self.get_main_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
+                )
+                self.optimizer.grad_scale = ((norm + 1.0e-6) / self.config.clip_grad).clamp(min=1.0)
+            elif self.config.clip_grad > 0.0:
                 grad_norm = self.clip_grad_norm(self.config.clip_grad)
             else:
                 grad_norm = self.get_grad_norm()
         with self._timed("optimizer-count-zeros"):
             num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
-        update_successful = self.step_with_ready_grads()
+        try:
+            update_successful = self.step_with_ready_grads()
+        finally:
+            if clip_in_update:
+                del self.optimizer.grad_scale
+        if clip_in_update:
+            grad_norm = norm.item()
         return update_successful, grad_norm, num_zeros_in_grad
 
     @torch.no_grad()

@@ -146,13 +146,19 @@ class TransformerConfig(ModelParallelConfig):
     """Accepted for compatibility: our attention always uses PyTorch's fused kernels."""
 
     bias_dropout_fusion: bool = False
-    """Accepted for compatibility: bias+dropout+add is the same function either way."""
+    """bias + dropout + residual add as one generated kernel on CUDA (megatron/core/fusions); the same
+    function, with dropout masks drawn differently from eager PyTorch's."""
 
     persist_layer_norm: bool = False
     """Accepted for compatibility: the layer norms are PyTorch's."""
 
     apply_rope_fusion: bool = False
     """Accepted for compatibility: RoPE is the same function either way."""
+
+    use_torch_compile: bool = False
+    """Compile each transformer layer's training forward/backward with `torch.compile` on CUDA
+    (`--use-torch-compile`): norms, bias-activations, residual adds and layout copies become generated
+    kernels and the per-layer Python overhead goes. The same function as eager."""
 
     # --- activation recomputation ------------------------------------------------------------------------
     recompute_granularity: Optional[str] = None
@@ -371,3 +377,4 @@ class TransformerConfig(ModelParallelConfig):
                     "attention); use attention_dropout=0.0"
                 )
         return problems
+

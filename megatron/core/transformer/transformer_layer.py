@@ -65,6 +65,7 @@ class TransformerLayer(MegatronModule):
         if hasattr(self.mlp, "set_layer_number"):  # MoE layers log their router losses per layer
             self.mlp.set_layer_number(self.layer_number)
         self.mlp_bda = build_module(submodules.mlp_bda)
+        self._compiled_forward = None  # built on the first compiled call (`config.use_torch_compile`)
 
     def forward(
         self,
@@ -78,7 +79,19 @@ class TransformerLayer(MegatronModule):
         """Returns `(hidden_states, context)`, Megatron's layer contract; `context` (the encoder output
         [sk, b, h] that cross-attention layers attend to, with `context_mask` bool [b, 1, sq or 1, sk],
         True = masked) passes through unchanged. `inference_context` is the KV cache of generation
-        (megatron.core.inference)."""
+        (megatron.core.inference).
+
+        With `config.use_torch_compile` a training step on CUDA runs the layer compiled (forward and
+        backward as generated kernels around the GEMMs and attention); every layer of the same shape
+        shares one compilation. Evaluation, generation and CPU runs stay eager."""
+        args = (hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask)
+        if self.config.use_torch_compile and self.training and inference_context is None and hidden_states.is_cuda:
+            if self._compiled_forward is None:
+                self._compiled_forward = torch.compile(self._forward)
+            return self._compiled_forward(*args)
+        return self._forward(*args)
+
+    def _forward(self, hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask):
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
         normed = self.input_layernorm(hidden_states)
         attention_output_with_bias = self.self_attention(

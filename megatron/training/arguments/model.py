@@ -97,4 +97,6 @@ def _add_fusion_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                        help="Disable the persistent fused layer-norm kernel.")
     group.add_argument("--cross-entropy-loss-fusion", action="store_true",
                        help="Use the fused cross-entropy kernel.")
+    group.add_argument("--use-torch-compile", action="store_true",
+                       help="Compile each transformer layer's training step with torch.compile on CUDA.")
     return parser
