@@ -8,9 +8,8 @@
 #   NUM_NODES=16 NODE_RANK=<0..15> MASTER_ADDR=<first node> bash examples/gpt3/train_gpt3_175b_distributed.sh ...
 # (GPUS_PER_NODE, MASTER_PORT: see examples/distributed_args.sh; MOCK paths and extra flags: positional_args.sh.)
 #
-# Not runnable yet: tensor and pipeline parallelism are refused as "not supported yet" until they land. The
-# script is kept as Megatron's for reference, and tests/functional_tests/test_examples.py checks that those
-# sizes are the only arguments refused. One change from Megatron's script: it gives --train-iters 500000 with
+# The script is kept as Megatron's, and tests/functional_tests/test_examples.py checks that its arguments
+# validate (TP 8 x PP 16 on 128 ranks). One change from Megatron's script: it gives --train-iters 500000 with
 # --rampup-batch-size, which Megatron's own validate_args refuses ("expected no batch-size rampup for
 # iteration-based training"), so the run length is in samples, with the values of Megatron's earlier
 # sample-based 175B script: 300B tokens, warmup over 375M, cosine decay over 260B (GPT-3 paper, appendix B).

@@ -210,7 +210,7 @@ def test_scripts_refuse_missing_positional_arguments_with_a_usage_line(script, a
     assert "usage:" in result.stderr and "TENSORBOARD_LOGS_PATH" in result.stderr
 
 
-def test_gpt3_175b_arguments_parse_and_only_the_pipeline_size_is_refused(tmp_path, monkeypatch):
+def test_gpt3_175b_arguments_parse_and_validate(tmp_path, monkeypatch):
     torchrun_arguments, pretrain_arguments = _captured_launch(
         "examples/gpt3/train_gpt3_175b_distributed.sh", ["ckpt", "tb", "MOCK", "MOCK", "MOCK"], tmp_path,
         GPUS_PER_NODE="8", NUM_NODES="16")
@@ -219,11 +219,9 @@ def test_gpt3_175b_arguments_parse_and_only_the_pipeline_size_is_refused(tmp_pat
     assert (args.num_layers, args.hidden_size, args.num_attention_heads, args.seq_length) == (96, 12288, 96, 2048)
     assert (args.micro_batch_size, args.global_batch_size, args.rampup_batch_size) == (1, 1536, [16, 16, 5859375])
     assert args.fp16 and args.init_method_std == 0.006 and (args.lr, args.min_lr) == (6.0e-5, 6.0e-6)
-    with pytest.raises(ValueError) as refusal:
-        validate_args(args, SCRIPT_DEFAULTS)
-    problems = [line[4:] for line in str(refusal.value).splitlines() if line.startswith("  - ")]
-    assert len(problems) == 1, problems  # TP 8 is accepted
-    assert problems[0].startswith("--pipeline-model-parallel-size 16: ") and "not supported yet" in problems[0]
+    validate_args(args, SCRIPT_DEFAULTS)
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size) == (8, 16, 1)
+    assert args.virtual_pipeline_model_parallel_size is None  # 96 layers, 6 per stage, 1F1B
 
 
 SIMPLE_LOOP = os.path.join(ROOT, "examples", "run_simple_mcore_train_loop.py")

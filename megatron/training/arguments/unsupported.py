@@ -19,15 +19,10 @@ class Unsupported:
     values: tuple = ()  # empty: every value other than the default is refused
 
 
-_PIPELINE = "pipeline parallelism is not supported yet"
 
 UNSUPPORTED = (
-    Unsupported("--pipeline-model-parallel-size", f"{_PIPELINE}; use 1"),
-    Unsupported("--num-layers-per-virtual-pipeline-stage", _PIPELINE),
-    Unsupported("--num-virtual-stages-per-pipeline-rank", _PIPELINE),
-    Unsupported("--pipeline-model-parallel-layout", _PIPELINE),
-    Unsupported("--decoder-first-pipeline-num-layers", _PIPELINE),
-    Unsupported("--decoder-last-pipeline-num-layers", _PIPELINE),
+    Unsupported("--pipeline-model-parallel-layout", "explicit pipeline layouts are not supported yet; use "
+                                                    "--decoder-first/last-pipeline-num-layers for uneven stages"),
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
     Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "

@@ -1,8 +1,8 @@
-"""Parallel layout: data-parallel size, pipeline stages and the flags that depend on them.
+"""Parallel layout: data-parallel size and the flags that depend on it.
 
     world size = TP x PP x CP x DP        (dense ranks; DP is derived, never given)
-    layers per pipeline stage = (num_layers [+1 embedding] [+1 loss]) / PP
-    virtual stages per rank = layers per stage / layers per virtual stage
+
+The layer split over pipeline stages is checked in validate_pipeline.py.
 """
 
 import argparse
@@ -104,57 +104,3 @@ def _check_context_parallel(args, problems: list) -> None:
     if args.reset_attention_mask:
         problems.append(f"--reset-attention-mask with --context-parallel-size {cp} is not supported yet "
                         f"(context-parallel attention takes no explicit mask)")
-
-
-def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
-    """Checks the layer split over pipeline stages and sets virtual_pipeline_model_parallel_size."""
-    pp = args.pipeline_model_parallel_size
-    args.virtual_pipeline_model_parallel_size = None
-    given = [flag for flag, value in (
-        ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
-        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
-        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout),
-    ) if value is not None]
-    if len(given) > 1:
-        problems.append(f"give at most one of {', '.join(given)}")
-        return
-    for flag, value in (("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
-                        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank)):
-        if value is not None and value < 1:
-            problems.append(f"{flag} {value} must be positive")
-            return
-
-    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
-    num_layers = args.num_layers if args.num_layers is not None else args.decoder_num_layers
-    if num_layers is not None and pp >= 1 and not uneven and args.pipeline_model_parallel_layout is None:
-        counted = num_layers + args.account_for_embedding_in_pipeline_split + args.account_for_loss_in_pipeline_split
-        extra = counted - num_layers
-        shown = f"--num-layers {num_layers}" + (f" (+{extra} for embedding/loss)" if extra else "")
-        if counted % pp:
-            problems.append(f"{shown} is not divisible by --pipeline-model-parallel-size {pp}; valid PP sizes: "
-                            f"{legal_sizes(counted)}")
-        elif args.num_layers_per_virtual_pipeline_stage is not None:
-            per_stage = counted // pp
-            if per_stage % args.num_layers_per_virtual_pipeline_stage:
-                problems.append(f"{per_stage} layers per pipeline stage (= {counted} / PP {pp}) are not divisible "
-                                f"by --num-layers-per-virtual-pipeline-stage "
-                                f"{args.num_layers_per_virtual_pipeline_stage}")
-            else:
-                args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
-    if args.num_layers_per_virtual_pipeline_stage is not None and uneven:
-        problems.append("with --decoder-first/last-pipeline-num-layers give the virtual stages as "
-                        "--num-virtual-stages-per-pipeline-rank")
-    if args.num_virtual_stages_per_pipeline_rank is not None:
-        args.virtual_pipeline_model_parallel_size = args.num_virtual_stages_per_pipeline_rank
-    if args.virtual_pipeline_model_parallel_size == 1:
-        args.virtual_pipeline_model_parallel_size = None
-
-    if args.virtual_pipeline_model_parallel_size is not None:
-        # Without overlap two p2p transfers would run between the same two ranks in one batch.
-        minimum = 2 if args.overlap_p2p_comm else 3
-        if pp < minimum:
-            problems.append(f"the interleaved schedule (virtual pipeline stages) needs "
-                            f"--pipeline-model-parallel-size >= {minimum}, got {pp}")
-    else:
-        args.overlap_p2p_comm = False
-        args.align_param_gather = False

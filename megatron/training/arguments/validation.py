@@ -15,7 +15,8 @@ from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_model import check_recompute, derive_model_shape
 from megatron.training.arguments.validate_moe import check_moe
-from megatron.training.arguments.validate_parallel import derive_parallel_sizes, derive_pipeline_stages
+from megatron.training.arguments.validate_parallel import derive_parallel_sizes
+from megatron.training.arguments.validate_pipeline import derive_pipeline_stages
 from megatron.training.arguments.validate_schedule import check_learning_rate, check_run_length, derive_batch_sizes
 
 # Megatron's split when --data-path comes without --split.

@@ -29,6 +29,7 @@ from megatron.training.tasks.masked_wordpiece import (
     check_layer_spec_flag,
     masked_dataset_config_args,
     next_batch,
+    refuse_pipeline_parallelism,
 )
 
 BATCH_KEYS = ("text", "types", "labels", "is_random", "loss_mask", "padding_mask")
@@ -39,6 +40,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     unless `--bert-no-binary-head`)."""
     args = get_args()
     check_layer_spec_flag(args, "BERT")
+    refuse_pipeline_parallelism(args, "BERT")
     if args.calculate_per_token_loss:
         raise ValueError("--calculate-per-token-loss is not supported for BERT: its loss adds the per-sequence "
                          "sentence-order loss to the masked-LM token mean")

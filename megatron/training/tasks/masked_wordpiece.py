@@ -16,6 +16,13 @@ def check_layer_spec_flag(args, model_name: str) -> None:
                          "leave --spec out (or give --spec local)")
 
 
+def refuse_pipeline_parallelism(args, model_name: str) -> None:
+    """BERT and T5 run on one pipeline stage only (their encoder/decoder split is not built yet)."""
+    if args.pipeline_model_parallel_size > 1:
+        raise ValueError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: pipeline parallelism "
+                         f"is not supported yet for {model_name}; use 1 (pipeline parallelism works for GPT)")
+
+
 def is_dataset_built_on_rank() -> bool:
     """Data is read on tensor-parallel rank 0 (Megatron's rule for BERT and T5); the other TP ranks get
     each batch by broadcast."""

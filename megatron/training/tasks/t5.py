@@ -27,6 +27,7 @@ from megatron.training.tasks.masked_wordpiece import (
     check_layer_spec_flag,
     masked_dataset_config_args,
     next_batch,
+    refuse_pipeline_parallelism,
 )
 
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
@@ -38,6 +39,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, add_enco
     `--decoder-num-layers` decoder layers (default: as many as the encoder)."""
     args = get_args()
     check_layer_spec_flag(args, "T5")
+    refuse_pipeline_parallelism(args, "T5")
     if args.decoder_seq_length is None:
         raise ValueError("pretrain_t5.py needs --decoder-seq-length (the padded length of the decoder input, e.g. "
                          "128 with --encoder-seq-length 512)")

@@ -28,12 +28,6 @@ def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
 
 
-@pytest.mark.parametrize("flag", ["--pipeline-model-parallel-size"])
-def test_parallel_sizes_above_one(problems, monkeypatch, flag):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert f"{flag} 2: " in problems(*MINIMAL, flag, "2")
-
-
 def test_defaults_are_accepted(validated):
     args = validated(*MINIMAL)
     assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch", "local", "adam")

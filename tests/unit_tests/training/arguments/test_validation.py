@@ -157,7 +157,8 @@ def test_heads_and_world_divisibility_list_legal_sizes(problems, monkeypatch):
     (["--lr-decay-style", "WSD"], [], "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
     (["--global-batch-size", "3"], [], "nearest valid: 2 or 4"),
     (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], ["--num-layers"],
-     "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2; valid PP sizes: 1, 3"),
+     "--num-layers 3 over --pipeline-model-parallel-size 2: num_layers (3) must be divisible by "
+     "pipeline_model_parallel_size (2); valid sizes: 1, 3"),
 ])
 def test_each_problem_message(problems, extra, removed, expected):
     assert expected in problems(*flags_without(*removed), *extra)

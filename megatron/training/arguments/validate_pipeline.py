@@ -1,0 +1,127 @@
+"""Pipeline stages: the layer split, virtual stages and the interleaved schedule's microbatch groups.
+
+    layers per pipeline rank = (num_layers [+1 embedding] [+1 loss]) / PP, or
+                               --decoder-first/last-pipeline-num-layers on the first/last rank and
+                               the rest split evenly over the others
+    virtual stages per rank  = layers per rank / --num-layers-per-virtual-pipeline-stage,
+                               or --num-virtual-stages-per-pipeline-rank
+    interleaved schedule     PP <= G <= M and M mod G in {0} or >= PP, with M = global batch /
+                               (micro batch x DP) microbatches and G = --microbatch-group-size-per-
+                               virtual-pipeline-stage (default PP)
+"""
+
+import argparse
+from types import SimpleNamespace
+
+from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
+from megatron.training.arguments.reporting import warn_rank_0
+
+
+def _given_once(args, problems: list) -> bool:
+    """At most one way of asking for virtual stages / a layout, with positive counts."""
+    given = [flag for flag, value in (
+        ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
+        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
+        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout),
+    ) if value is not None]
+    if len(given) > 1:
+        problems.append(f"give at most one of {', '.join(given)}")
+        return False
+    for flag, value in (("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
+                        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
+                        ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers),
+                        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers)):
+        if value is not None and value < 1:
+            problems.append(f"{flag} {value} must be positive")
+            return False
+    return True
+
+
+def _virtual_stages(args, num_layers: int | None, problems: list) -> int | None:
+    """Virtual stages per pipeline rank from the flags (None: one, no interleaving)."""
+    pp, per_virtual_stage = args.pipeline_model_parallel_size, args.num_layers_per_virtual_pipeline_stage
+    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
+    if per_virtual_stage is not None:
+        if uneven:
+            problems.append("with --decoder-first/last-pipeline-num-layers give the virtual stages as "
+                            "--num-virtual-stages-per-pipeline-rank")
+            return None
+        if num_layers is None:
+            return None
+        counted = num_layers + args.account_for_embedding_in_pipeline_split + args.account_for_loss_in_pipeline_split
+        per_stage = counted // pp
+        if counted % pp == 0 and per_stage % per_virtual_stage:
+            problems.append(f"{per_stage} layers per pipeline stage (= {counted} / PP {pp}) are not divisible by "
+                            f"--num-layers-per-virtual-pipeline-stage {per_virtual_stage}")
+            return None
+        return per_stage // per_virtual_stage or None
+    return args.num_virtual_stages_per_pipeline_rank
+
+
+def _check_split(args, num_layers: int, virtual_stages: int | None, problems: list) -> None:
+    split = SimpleNamespace(
+        num_layers=num_layers,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_stages,
+        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+    )
+    try:
+        pipeline_layer_counts(split)
+    except ValueError as error:
+        problems.append(f"--num-layers {num_layers} over --pipeline-model-parallel-size "
+                        f"{args.pipeline_model_parallel_size}: {error}")
+
+
+def _check_interleaved_microbatches(args, problems: list) -> None:
+    """The interleaved schedule's group rule, for the full global batch (ramp-up steps are checked when
+    they run)."""
+    pp, group = args.pipeline_model_parallel_size, args.microbatch_group_size_per_vp_stage
+    if not (args.micro_batch_size and args.data_parallel_size):
+        return  # reported elsewhere
+    global_batch = args.global_batch_size or args.micro_batch_size * args.data_parallel_size
+    microbatches = global_batch // (args.micro_batch_size * args.data_parallel_size)
+    shown = (f"{microbatches} microbatches (= global batch {global_batch} / (micro batch {args.micro_batch_size} x "
+             f"DP {args.data_parallel_size}))")
+    if not pp <= group <= microbatches:
+        problems.append(f"the interleaved schedule needs --pipeline-model-parallel-size {pp} <= "
+                        f"--microbatch-group-size-per-virtual-pipeline-stage {group} <= {shown}")
+    elif 0 < microbatches % group < pp:
+        problems.append(f"the interleaved schedule needs {shown} modulo "
+                        f"--microbatch-group-size-per-virtual-pipeline-stage {group} to be 0 or at least "
+                        f"--pipeline-model-parallel-size {pp}, got {microbatches % group}")
+
+
+def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
+    """Checks the layer split over pipeline stages; sets virtual_pipeline_model_parallel_size and the
+    interleaved schedule's defaults."""
+    pp = args.pipeline_model_parallel_size
+    args.virtual_pipeline_model_parallel_size = None
+    if pp < 1 or not _given_once(args, problems):
+        return
+    num_layers = args.num_layers if args.num_layers is not None else args.decoder_num_layers
+    virtual_stages = _virtual_stages(args, num_layers, problems)
+    if virtual_stages == 1:
+        virtual_stages = None
+    if virtual_stages is not None and pp == 1:
+        problems.append("virtual pipeline stages (--num-layers-per-virtual-pipeline-stage / "
+                        "--num-virtual-stages-per-pipeline-rank) need --pipeline-model-parallel-size > 1")
+        return
+    if num_layers is not None and args.pipeline_model_parallel_layout is None:
+        _check_split(args, num_layers, virtual_stages, problems)
+    args.virtual_pipeline_model_parallel_size = virtual_stages
+
+    if virtual_stages is None:
+        args.overlap_p2p_comm = False
+        args.align_param_gather = False
+        return
+    if args.microbatch_group_size_per_vp_stage is None:
+        args.microbatch_group_size_per_vp_stage = pp
+    _check_interleaved_microbatches(args, problems)
+    if args.overlap_p2p_comm:
+        # Megatron overlaps these transfers by default; the schedule is the same without it, only slower.
+        warn_rank_0("pipeline send/receive is not overlapped with compute yet: the interleaved schedule runs as "
+                    "with --no-overlap-p2p-communication")
+        args.overlap_p2p_comm = False
