@@ -2,11 +2,14 @@
 
     python tools/bench/parallel_gpu_check.py            # needs 2 GPUs
 
-1. Equivalence, fp32, mock data, no dropout, 10 iterations, global batch 8: TP=2 + sequence parallel and
-   DP=2 with the distributed optimizer and both overlaps must give the per-iteration `lm loss` of one GPU
-   (relative tolerance 1e-4: GPU reductions are not bitwise reproducible across layouts).
+1. Equivalence, fp32, mock data, no dropout, 10 iterations, global batch 8: TP=2 + sequence parallel,
+   DP=2 with the distributed optimizer and both overlaps, and context parallelism CP=2 (ring and all-gather
+   attention) must give the per-iteration `lm loss` of one GPU (relative tolerance 1e-4: GPU reductions are
+   not bitwise reproducible across layouts).
 2. Throughput, bf16, the PERF.md GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
    (sequence parallel), tokens/s per GPU and peak memory from the console lines.
+3. Long sequence, bf16, the 1.3B shape with RoPE at micro-batch 1: the sequence length is doubled from 32768
+   until one GPU runs out of memory, then CP=2 (ring attention) must train that length.
 """
 
 import os
@@ -28,14 +31,26 @@ GPT_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "204
             "--log-interval", "10"]
 DP2 = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+CP2 = ["--context-parallel-size", "2"]
+LONG_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
+             "--position-embedding-type", "rope", "--micro-batch-size", "1", "--global-batch-size", "1", "--bf16",
+             "--train-iters", "3", "--log-interval", "1"]
+LONG_FIRST, LONG_LAST = 32768, 524288
 
 
-def train(gpus: int, args: list[str]) -> str:
+def long_sequence(length: int) -> list[str]:
+    return LONG_1_3B + ["--seq-length", str(length), "--max-position-embeddings", str(length)]
+
+
+def train(gpus: int, args: list[str], out_of_memory_ok: bool = False) -> str | None:
+    """The console output of one run; None when it ran out of GPU memory and `out_of_memory_ok`."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
     result = subprocess.run(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *MOCK, *args], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
+        if out_of_memory_ok and "out of memory" in (result.stdout + result.stderr).lower():
+            return None
         raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
     return result.stdout
 
@@ -51,7 +66,8 @@ def last(pattern: str, output: str) -> float:
 def main() -> int:
     reference = losses(train(1, SMALL))
     rows, ok = [], True
-    for name, gpus, extra in [("TP=2 + SP", 2, TP2), ("DP=2 dist-opt overlap", 2, DP2)]:
+    for name, gpus, extra in [("TP=2 + SP", 2, TP2), ("DP=2 dist-opt overlap", 2, DP2), ("CP=2 ring", 2, CP2),
+                              ("CP=2 all-gather", 2, CP2 + ["--cp-comm-type", "allgather"])]:
         got = losses(train(gpus, SMALL + extra))
         worst = max(abs(a - b) / abs(b) for a, b in zip(got, reference))
         ok &= len(got) == len(reference) and worst <= 1e-4
@@ -66,6 +82,19 @@ def main() -> int:
         memory = last(r"max allocated: ([0-9.]+)", output)
         throughput.append((name, gpus, tokens, memory))
 
+    length = LONG_FIRST
+    while length <= LONG_LAST and train(1, long_sequence(length), out_of_memory_ok=True) is not None:
+        length *= 2
+    long_row, long_ok = f"one GPU fits every length up to {LONG_LAST}: no out-of-memory length to try", False
+    if length <= LONG_LAST:
+        output = train(2, long_sequence(length) + CP2, out_of_memory_ok=True)
+        long_ok = output is not None
+        long_row = (f"seq {length}: one GPU out of memory; CP=2 " + (
+            "out of memory too" if output is None else
+            f"trains it: {len(losses(output))} iterations, lm loss {losses(output)[-1]:.3f}, "
+            f"{last(r'tokens/s/GPU: ([0-9.]+)', output):.0f} tokens/s/GPU, "
+            f"peak {last(r'max allocated: ([0-9.]+)', output):.0f} MB"))
+
     print("\nequivalence (fp32, 10 iterations, lm loss per iteration vs one GPU):")
     print("\n".join(rows))
     print(f"equivalence {'PASSED' if ok else 'FAILED'} (tolerance 1e-4 relative)")
@@ -74,7 +103,10 @@ def main() -> int:
     print(f"{'layout':<24}{'GPUs':>5}{'tokens/s/GPU':>14}{'x 1 GPU (total)':>17}{'peak MB':>10}")
     for name, gpus, tokens, memory in throughput:
         print(f"{name:<24}{gpus:>5}{tokens:>14.0f}{tokens * gpus / base:>17.2f}{memory:>10.0f}")
-    return 0 if ok else 1
+    print("\nlong sequence, GPT 1.3B + RoPE, bf16, micro batch 1:")
+    print(long_row)
+    print(f"long sequence {'PASSED' if long_ok else 'FAILED'}")
+    return 0 if ok and long_ok else 1
 
 
 if __name__ == "__main__":
