@@ -28,12 +28,21 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
+from megatron.training.checkpoint.dist_saving import finalize_async_save
+from megatron.training.checkpoint.format_conversion import save_in_converted_format
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
+from megatron.training.data_vocabulary import check_data_vocabulary
 from megatron.training.evaluation import evaluate_and_print_results
 from megatron.training.exit_conditions import ExitConditions
-from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+from megatron.training.global_vars import (
+    get_args,
+    get_tensorboard_writer,
+    get_timers,
+    get_tokenizer,
+    get_wandb_writer,
+)
 from megatron.training.initialize import initialize_megatron
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.training_log import num_floating_point_operations, training_log
@@ -71,6 +80,7 @@ def pretrain(
     timers("model-and-optimizer-setup").stop()
     config = get_model_config(model[0])
 
+    check_data_vocabulary(args, get_tokenizer().vocab_size)
     timers("train/valid/test-data-iterators-setup", log_level=0).start(barrier=True)
     if len(model) > 1:
         # One iterator per virtual stage, as Megatron builds them: each chunk reads its own copy of the data.
@@ -108,6 +118,8 @@ def pretrain(
 
 
 def _finish_writers() -> None:
+    # A checkpoint still being written in the background (--async-save) becomes "latest" here.
+    finalize_async_save(blocking=True)
     writer = get_tensorboard_writer()
     if writer is not None:
         writer.flush()
@@ -241,6 +253,8 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
         timers.log(["load-checkpoint"])
     else:
         args.iteration, args.num_floating_point_operations_so_far = 0, 0
+    if args.ckpt_convert_format is not None:
+        save_in_converted_format(args, model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler
 
 

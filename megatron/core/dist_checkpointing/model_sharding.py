@@ -76,7 +76,8 @@ def _global_key(name: str, renames: Dict[str, str]) -> str:
     return name
 
 
-def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor, List[TensorPiece]]]:
+def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor,
+                                                                               List[TensorPiece]]]:
     """(state-dict name, live tensor, its pieces) for every tensor of `model.state_dict()`.
 
     Collective over the tensor-parallel group (the partition sizes are gathered).

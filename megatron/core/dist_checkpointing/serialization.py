@@ -37,7 +37,8 @@ CHECKPOINT_METADATA = {
 }
 
 _SHARDED = (ShardedTensor, ShardedObject)
-_checkpoint_group = None
+# (world group it was made under, the gloo group DCP uses): remade when torch.distributed is re-initialised.
+_checkpoint_group = (None, None)
 
 
 def _is_sharded(value) -> bool:
@@ -82,9 +83,9 @@ def _process_group():
     global _checkpoint_group
     if not dist.is_initialized():
         return None
-    if _checkpoint_group is None:
-        _checkpoint_group = dist.new_group(backend="gloo")
-    return _checkpoint_group
+    if _checkpoint_group[0] is not dist.group.WORLD:
+        _checkpoint_group = (dist.group.WORLD, dist.new_group(backend="gloo"))
+    return _checkpoint_group[1]
 
 
 def _is_writer_of_common() -> bool:

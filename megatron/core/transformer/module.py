@@ -4,6 +4,7 @@ runs a model in fp16/bf16 with fp32 at its edges."""
 import torch
 
 from megatron.core import parallel_state
+from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 
@@ -17,6 +18,14 @@ class MegatronModule(torch.nn.Module):
     def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
         """The state dict written to torch-format checkpoints (the plain state dict)."""
         return self.state_dict(prefix=prefix, keep_vars=keep_vars)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """{state-dict name: ShardedTensor} for `--ckpt-format torch_dist` (megatron.core.dist_checkpointing):
+        each tensor as a piece of its global tensor, with global layer numbers in the keys. Collective over
+        the tensor-parallel group. `sharded_offsets` and `metadata` are Megatron-Core's; neither is used."""
+        if sharded_offsets:
+            raise ValueError("sharded_state_dict: extra sharded_offsets are not supported; call it on the model")
+        return model_sharded_state_dict(self, prefix)
 
 
 def _convert_floats(value, from_dtypes: tuple, convert):
@@ -75,6 +84,9 @@ class Float16Module(MegatronModule):
 
     def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
         return self.module.state_dict_for_save_checkpoint(prefix=prefix, keep_vars=keep_vars)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        return self.module.sharded_state_dict(prefix, sharded_offsets, metadata)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)

@@ -112,6 +112,15 @@ def _check_checkpointing(args, problems) -> None:
         if args.save_interval is None or args.save_retain_interval % args.save_interval:
             problems.append(f"--save-retain-interval {args.save_retain_interval} must be a multiple of "
                             f"--save-interval {args.save_interval}")
+    if args.async_save and args.ckpt_format != "torch_dist":
+        problems.append(f"--async-save needs --ckpt-format torch_dist (this run has --ckpt-format {args.ckpt_format})")
+    if args.ckpt_convert_format is not None:
+        missing = [flag for flag, value in (("--ckpt-convert-save", args.ckpt_convert_save), ("--load", args.load))
+                   if value is None]
+        if missing:
+            problems.append(f"--ckpt-convert-format {args.ckpt_convert_format} needs {' and '.join(missing)}: the "
+                            "checkpoint under --load is saved again under <--ckpt-convert-save>/<format>")
+        args.exit_on_missing_checkpoint = True
 
 
 def _start_counters(args) -> None:

@@ -7,6 +7,7 @@ without a tracker means "no checkpoint": the run starts from scratch (or stops, 
 
 import os
 
+from megatron.training.checkpoint.dist_loading import detect_checkpoint_format, read_common_state
 from megatron.training.checkpoint.fallback import load_latest_intact, saved_iterations
 from megatron.training.checkpoint.files import load_checkpoint_file
 from megatron.training.checkpoint.layout import (
@@ -52,14 +53,11 @@ def load_base_checkpoint(load_dir, args, rank0=False):
         return None, "", False
     iteration, release = found
     base_dir = get_checkpoint_name(load_dir, iteration, release, return_base_dir=True)
-    if os.path.isfile(os.path.join(base_dir, "metadata.json")):
-        raise ValueError(
-            f"{base_dir} is a distributed (torch_dist) checkpoint; only --ckpt-format torch checkpoints can be "
-            "loaded so far"
-        )
     if not rank0:
         where = "release checkpoint" if release else f"checkpoint at iteration {iteration}"
         print_rank_0(f" loading {where} from {load_dir}")
+    if detect_checkpoint_format(base_dir, args) == "torch_dist":
+        return read_common_state(base_dir), base_dir, release
     checkpoint_name = get_checkpoint_name(load_dir, iteration, release)
     if rank0:
         checkpoint_name = find_checkpoint_rank_0(load_dir, iteration, release) or checkpoint_name

@@ -1,13 +1,13 @@
-"""Save at TP=2 x DP=2 (4 gloo ranks), load at TP=1 x DP=4 and TP=4 x DP=1, with the plain and the distributed
-optimizer in every combination: the logits of a fixed batch and the loss of the next training step equal
-those of the run that saved (fp32; the TP split changes the order of sums, hence 1e-5, measured ~1e-7),
-and bitwise under the saving layout. The stored global tensors are checked against the TP shards by hand:
-SwiGLU's fc1 is [gate_0; gate_1; up_0; up_1] of the two TP ranks' [gate_r; up_r]."""
+"""Save at TP=2 x PP=2 (4 gloo ranks) with the plain and with the distributed optimizer, load at TP=1 x PP=1
+(x DP=4, into the other optimizer), TP=4 and PP=4: the logits of a fixed batch and the loss of the next
+training step equal those of the run that saved (fp32; another TP size changes the order of sums, hence
+1e-5, measured ~1e-7), and bitwise under the saving layout. The stored global tensors are checked against
+the TP shards by hand: SwiGLU's fc1 is [gate_0; gate_1; up_0; up_1] of the two TP ranks' [gate_r; up_r];
+the last stage's tied output weight is not stored."""
 
 import os
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 
 from megatron.core import parallel_state
@@ -18,12 +18,18 @@ from megatron.core.dist_checkpointing.optimizer_sharding import (
     optimizer_sharded_state_dict,
     prepare_optimizer_for_load,
 )
-from tests.unit_tests.dist_checkpointing.tiny_gpt import build, full_logits, set_layout, train_step
+from tests.unit_tests.dist_checkpointing.tiny_gpt import build, full_logits, train_step
 from tests.unit_tests.dist_utils import run_distributed
 
-FC1 = "decoder.layers.1.mlp.linear_fc1.weight"
-# (TP size, distributed optimizer, checkpoint saved with the distributed optimizer)
-TARGETS = [(2, True, True), (2, False, False), (1, True, False), (1, False, True), (4, False, True), (4, True, False)]
+FC1 = "decoder.layers.3.mlp.linear_fc1.weight"  # on the last stage under PP=2 and PP=4
+# Saved: name -> (TP, PP, distributed optimizer)
+SAVED = {"plain": (2, 2, False), "distributed": (2, 2, True)}
+# Loaded: (TP, PP, distributed optimizer, checkpoint); TP=1 x PP=1 runs at DP=4 and takes the other optimizer.
+TARGETS = [
+    (2, 2, True, "distributed"),
+    (1, 1, True, "plain"), (4, 1, False, "plain"), (1, 4, False, "plain"),
+    (1, 1, False, "distributed"), (4, 1, True, "distributed"), (1, 4, True, "distributed"),
+]
 
 
 def _save(ddp, optimizer, directory) -> None:
@@ -40,55 +46,59 @@ def _load(ddp, optimizer, directory) -> None:
 
 
 def _local_fc1(ddp) -> torch.Tensor:
-    return dict(ddp.module.named_parameters())[FC1].detach().clone()
+    """This rank's piece of FC1 (None on the stages without it)."""
+    params = {name: param for name, param in ddp.module.named_parameters()}
+    local_name = [name for name in params if name.endswith("mlp.linear_fc1.weight")][-1]
+    return params[local_name].detach().clone() if parallel_state.is_pipeline_last_stage() else None
 
 
 def _reshard_checks(rank, world_size, directory):
     saved = {}
-    for distributed in (False, True):
-        set_layout(2)
-        ddp, optimizer = build(2, distributed, seed=1)
+    for name, (tensor_parallel, pipeline_parallel, distributed) in SAVED.items():
+        ddp, optimizer = build(tensor_parallel, pipeline_parallel, distributed, seed=1)
         for step in range(2):
             train_step(ddp, optimizer, step)
         logits, fc1 = full_logits(ddp), _local_fc1(ddp)
-        _save(ddp, optimizer, os.path.join(directory, f"distributed_{distributed}"))
-        saved[distributed] = (logits, fc1, train_step(ddp, optimizer, 2))
+        _save(ddp, optimizer, os.path.join(directory, name))
+        saved[name] = (logits, fc1, train_step(ddp, optimizer, 2))
     loaded = []
-    for tensor_parallel_size, distributed, saved_with in TARGETS:
-        set_layout(tensor_parallel_size)
-        ddp, optimizer = build(tensor_parallel_size, distributed, seed=7)
-        _load(ddp, optimizer, os.path.join(directory, f"distributed_{saved_with}"))
+    for tensor_parallel, pipeline_parallel, distributed, name in TARGETS:
+        ddp, optimizer = build(tensor_parallel, pipeline_parallel, distributed, seed=7)
+        _load(ddp, optimizer, os.path.join(directory, name))
         logits, fc1 = full_logits(ddp), _local_fc1(ddp)
         loaded.append((logits, fc1, train_step(ddp, optimizer, 2)))
-    dist.barrier()
+    parallel_state.destroy_model_parallel()
     return saved, loaded
 
 
-def test_checkpoint_saved_at_tp2_dp2_loads_at_tp1_and_tp4_with_either_optimizer(tmp_path):
+def test_tp2_pp2_checkpoint_loads_at_tp1_tp4_pp4_with_either_optimizer(tmp_path):
     results = run_distributed(_reshard_checks, 4, str(tmp_path))
     saved, loaded = results[0]
-    for (tensor_parallel_size, distributed, saved_with), (logits, _, loss) in zip(TARGETS, loaded):
-        reference_logits, _, reference_loss = saved[saved_with]
-        where = f"TP={tensor_parallel_size} distributed={distributed} from distributed={saved_with}"
-        if tensor_parallel_size == 2 and distributed == saved_with:
+    for (tensor_parallel, pipeline_parallel, distributed, name), (logits, _, loss) in zip(TARGETS, loaded):
+        reference_logits, _, reference_loss = saved[name]
+        where = f"TP={tensor_parallel} PP={pipeline_parallel} distributed={distributed} from {name}"
+        if (tensor_parallel, pipeline_parallel, distributed) == SAVED[name]:
             assert torch.equal(logits, reference_logits) and loss == reference_loss, where
         else:
             torch.testing.assert_close(logits, reference_logits, rtol=1e-5, atol=1e-5, msg=where)
             assert abs(loss - reference_loss) <= 1e-5 * abs(reference_loss), where
 
-    # TP=2 ranks 0 and 1 hold [gate_r; up_r] (24 + 24 rows each); TP=1 and the file hold [gate; up].
-    tp_shards = [results[rank][0][False][1] for rank in (0, 1)]
+    # Last-stage TP ranks of TP=2 x PP=2 (global ranks 2, 3) hold [gate_r; up_r], 24 + 24 rows each.
+    tp_shards = [results[rank][0]["plain"][1] for rank in (2, 3)]
     gate = torch.cat([shard[:24] for shard in tp_shards])
     up = torch.cat([shard[24:] for shard in tp_shards])
-    assert torch.equal(loaded[TARGETS.index((1, True, False))][1], torch.cat([gate, up]))
-    # TP=4 rank r holds [gate rows 6r..6r+5; up rows 6r..6r+5].
-    tp4 = TARGETS.index((4, True, False))
+    assert torch.equal(loaded[TARGETS.index((1, 1, True, "plain"))][1], torch.cat([gate, up]))
+    # TP=4 rank r holds [gate rows 12r..12r+11; up rows 12r..12r+11].
+    tp4 = TARGETS.index((4, 1, False, "plain"))
     for rank in range(4):
-        assert torch.equal(results[rank][1][tp4][1], torch.cat([gate[6 * rank : 6 * rank + 6],
-                                                                  up[6 * rank : 6 * rank + 6]]))
+        rows = slice(12 * rank, 12 * rank + 12)
+        assert torch.equal(results[rank][1][tp4][1], torch.cat([gate[rows], up[rows]]))
 
-    metadata = FileSystemReader(str(tmp_path / "distributed_True")).read_metadata().state_dict_metadata
+    directory = tmp_path / "plain"
+    metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     assert tuple(metadata[FC1].size) == (96, 32)
     assert tuple(metadata[f"optimizer.state.exp_avg.{FC1}"].size) == (96, 32)
-    assert sorted(os.listdir(tmp_path / "distributed_True")) == [
+    assert "output_layer.weight" not in metadata and tuple(metadata["embedding.word_embeddings.weight"].size) == (
+        256, 32)
+    assert sorted(os.listdir(directory)) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "common.pt", "metadata.json"]

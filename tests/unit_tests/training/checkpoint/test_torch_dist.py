@@ -1,0 +1,96 @@
+"""--ckpt-format torch_dist through save_checkpoint / load_checkpoint on one rank: the directory Megatron-LM
+writes (metadata.json, common.pt, DCP files), an exact resume (model, bf16 main params, Adam, scheduler,
+RNG, counters), --async-save (a snapshot; "latest" only once finalised), format detection and
+--ckpt-convert-format."""
+
+import json
+import os
+
+import pytest
+
+from megatron.training.checkpoint.dist_saving import finalize_async_save
+from megatron.training.checkpoint.format_conversion import save_in_converted_format
+from megatron.training.checkpointing import load_checkpoint, save_checkpoint
+from tests.unit_tests.training.checkpoint.tiny_run import (
+    assert_same,
+    build_run,
+    make_args,
+    model_state,
+    seed_everything,
+    train_steps,
+)
+
+pytestmark = pytest.mark.usefixtures("single_rank")
+
+
+def _tracker(directory) -> str:
+    with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as tracker:
+        return tracker.read()
+
+
+def _fresh(directory, *flags):
+    args = make_args("--bf16", "--load", directory, *flags)
+    model, optimizer, scheduler = build_run(args, seed=99)
+    seed_everything(7)
+    return model, optimizer, scheduler, args
+
+
+def test_resume_from_torch_dist_continues_exactly(tmp_path):
+    args = make_args("--bf16", "--ckpt-format", "torch_dist", "--save", tmp_path)
+    model, optimizer, scheduler = build_run(args, 1234)
+    train_steps(model, optimizer, scheduler, args, 0, 2)
+    save_checkpoint(2, [model], optimizer, scheduler, 3.0e12, args=args)
+    expected = train_steps(model, optimizer, scheduler, args, 2, 3)
+
+    assert sorted(os.listdir(tmp_path / "iter_0000002")) == [".metadata", "__0_0.distcp", "common.pt",
+                                                              "metadata.json"]
+    metadata = json.loads((tmp_path / "iter_0000002" / "metadata.json").read_text())
+    assert metadata["sharded_backend"] == "torch_dist" and metadata["sharded_backend_version"] == 1
+    assert _tracker(tmp_path) == "2"
+
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
+    assert load_checkpoint([model], optimizer, scheduler, args=args) == (2, 3.0e12)
+    assert args.consumed_train_samples == 8
+    assert train_steps(model, optimizer, scheduler, args, 2, 3) == expected
+
+
+def test_async_save_writes_a_snapshot_and_is_latest_once_finalised(tmp_path):
+    args = make_args("--bf16", "--ckpt-format", "torch_dist", "--async-save", "--save", tmp_path)
+    model, optimizer, scheduler = build_run(args, 1234)
+    train_steps(model, optimizer, scheduler, args, 0, 1)
+    save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
+    saved = model_state(model)
+    assert not (tmp_path / "latest_checkpointed_iteration.txt").exists()
+    train_steps(model, optimizer, scheduler, args, 1, 1)  # changes the weights while the thread writes
+    finalize_async_save()
+    assert _tracker(tmp_path) == "1"
+
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
+    load_checkpoint([model], optimizer, scheduler, args=args)
+    assert_same(model_state(model), saved)
+
+
+def test_format_mismatch_is_named_and_auto_detected_or_converted(tmp_path):
+    args = make_args("--bf16", "--save", tmp_path / "torch")
+    model, optimizer, scheduler = build_run(args, 1234)
+    train_steps(model, optimizer, scheduler, args, 0, 1)
+    save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
+    saved = model_state(model)
+
+    model, optimizer, scheduler, args = _fresh(tmp_path / "torch", "--ckpt-format", "torch_dist")
+    with pytest.raises(ValueError, match="iter_0000001 is a torch checkpoint but this run has --ckpt-format "
+                                         "torch_dist: pass --ckpt-format torch, or --auto-detect-ckpt-format"):
+        load_checkpoint([model], optimizer, scheduler, args=args)
+
+    model, optimizer, scheduler, args = _fresh(tmp_path / "torch", "--ckpt-format", "torch_dist",
+                                               "--auto-detect-ckpt-format", "--ckpt-convert-format", "torch_dist",
+                                               "--ckpt-convert-save", tmp_path / "converted")
+    args.iteration, args.num_floating_point_operations_so_far = load_checkpoint([model], optimizer, scheduler,
+                                                                                args=args)
+    assert_same(model_state(model), saved)
+    save_in_converted_format(args, [model], optimizer, scheduler)
+    assert args.save == str(tmp_path / "converted" / "torch_dist")
+
+    model, optimizer, scheduler, args = _fresh(tmp_path / "converted" / "torch_dist", "--ckpt-format", "torch_dist")
+    assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
+    assert_same(model_state(model), saved)
