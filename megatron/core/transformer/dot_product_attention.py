@@ -84,11 +84,11 @@ class DotProductAttention(MegatronModule):
         if mask_type == AttnMaskType.no_mask:
             attention_mask = None
         causal = attention_mask is None and mask_type == AttnMaskType.causal
+        dropout_p = self.dropout_p if self.training else 0.0
         if self.config.context_parallel_size > 1:
-            return self._context_parallel(query, key, value, attention_mask, causal)
+            return self._context_parallel(query, key, value, attention_mask, causal, dropout_p)
         # [s, b, heads, hn] -> [b, heads, s, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        dropout_p = self.dropout_p if self.training else 0.0
         if self.use_sdpa:
             context = self._sdpa(q, k, v, attention_mask, causal, dropout_p)
         else:
@@ -97,7 +97,7 @@ class DotProductAttention(MegatronModule):
         b, heads, sq, hn = context.shape
         return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
 
-    def _context_parallel(self, query, key, value, attention_mask, causal):
+    def _context_parallel(self, query, key, value, attention_mask, causal, dropout_p):
         """This CP rank's queries against the keys/values of the whole sequence (context_parallel/)."""
         if attention_mask is not None or self.attention_type != "self":
             raise ValueError(
@@ -106,7 +106,13 @@ class DotProductAttention(MegatronModule):
                 f"{self.config.context_parallel_size} is not supported yet"
             )
         comm_type = cp_comm_type_of_layer(self.config.cp_comm_type, self.layer_number)
-        return context_parallel_attention(query, key, value, self.softmax_scale, causal, comm_type)
+        seed = None
+        if dropout_p > 0:  # the masks' seed comes from the per-TP-rank stream, like the other dropout here
+            with _dropout_rng(dropout_p):
+                seed = int(torch.randint(0, 2**62, (1,), device=query.device).item())
+        return context_parallel_attention(
+            query, key, value, self.softmax_scale, causal, comm_type, dropout_p=dropout_p, dropout_seed=seed
+        )
 
     def _sdpa(self, q, k, v, attention_mask, causal, dropout_p):
         kernels = _SDPA_KERNELS[self.backend]

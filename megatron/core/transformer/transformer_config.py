@@ -370,11 +370,5 @@ class TransformerConfig(ModelParallelConfig):
         problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
         if self.context_parallel_size > 1:
             problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
-            if self.attention_dropout > 0:
-                problems.append(
-                    f"attention_dropout={self.attention_dropout} with context_parallel_size="
-                    f"{self.context_parallel_size} is not supported yet (dropout inside context-parallel "
-                    "attention); use attention_dropout=0.0"
-                )
         return problems
 

@@ -98,9 +98,6 @@ def _check_context_parallel(args, problems: list) -> None:
             problems.append(f"--cp-comm-type {name} is not supported yet; use p2p (ring) or allgather")
         elif canonical_cp_comm_type(name) not in CP_COMM_TYPES:
             problems.append(f"--cp-comm-type {name} is not one of p2p, allgather, a2a, a2a+p2p")
-    if args.attention_dropout > 0:
-        problems.append(f"--attention-dropout {args.attention_dropout} with --context-parallel-size {cp}: dropout "
-                        f"inside context-parallel attention is not supported yet; use --attention-dropout 0")
     if args.reset_attention_mask:
         problems.append(f"--reset-attention-mask with --context-parallel-size {cp} is not supported yet "
                         f"(context-parallel attention takes no explicit mask)")

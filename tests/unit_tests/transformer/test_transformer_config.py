@@ -82,7 +82,7 @@ def test_recompute_combinations(settings, expected):
         (dict(num_moe_experts=4, add_bias_linear=False, moe_router_enable_expert_bias=True), "needs moe_router_score"),
         (dict(num_moe_experts=4, add_bias_linear=False, moe_router_load_balancing_type="sinkhorn"), "'sinkhorn' is not"),
         (dict(num_moe_experts=4, add_bias_linear=False, moe_layer_freq=[1, 0, 1]), "moe_layer_freq has 3 entries"),
-        (dict(context_parallel_size=2), "context_parallel_size > 1 is not supported yet"),
+        (dict(context_parallel_size=2, cp_comm_type="a2a"), "cp_comm_type 'a2a' is not supported yet"),
         (dict(sequence_parallel=True), "sequence_parallel=True needs tensor_model_parallel_size > 1"),
         (dict(fp16=True, bf16=True), "fp16 and bf16 are both True"),
         (dict(normalization="BatchNorm"), "'LayerNorm' or 'RMSNorm', got 'BatchNorm'"),

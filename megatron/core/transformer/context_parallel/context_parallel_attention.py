@@ -21,6 +21,7 @@ from megatron.core.transformer.context_parallel.ring_attention import RingAttent
 CP_COMM_TYPES = ("p2p", "all_gather")
 CP_COMM_TYPES_NOT_YET = ("a2a", "a2a+p2p")
 _ALIASES = {"allgather": "all_gather"}
+_RANK_SEED_STRIDE = 7919  # CP ranks' dropout seeds differ by this (all-gather uses seed and seed + 1)
 
 
 def canonical_cp_comm_type(comm_type: str) -> str:
@@ -59,24 +60,32 @@ def context_parallel_attention(
     causal: bool,
     comm_type: str = "p2p",
     group=None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale [+ causal mask]) V over the whole sequence, for this rank's queries.
 
     query [2n, b, np, d], key/value [2n, b, ng, d]: this CP rank's chunks r and 2c-1-r, n tokens each.
-    Returns the context [2n, b, np * d]. `group` defaults to the CP group of parallel_state.
+    Returns the context [2n, b, np * d]. `group` defaults to the CP group of parallel_state. Attention
+    dropout with probability `dropout_p` needs `dropout_seed`; each CP rank derives its own masks from it.
     """
     group = parallel_state.get_context_parallel_group() if group is None else group
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("context-parallel attention with dropout_p > 0 needs a dropout_seed")
+    seed = None if dropout_p == 0 else dropout_seed + _RANK_SEED_STRIDE * dist.get_rank(group)
     if query.size(0) % 2:
         raise ValueError(f"context-parallel attention needs this rank's two equal chunks; got {query.size(0)} rows")
     comm_type = canonical_cp_comm_type(comm_type)
     if comm_type == "p2p":
         groups = key.size(2)
         out = RingAttention.apply(
-            grouped_queries(query, groups), grouped_keys(key), grouped_keys(value), softmax_scale, causal, group
+            grouped_queries(query, groups), grouped_keys(key), grouped_keys(value), softmax_scale, causal, group,
+            dropout_p, seed,
         )
     elif comm_type == "all_gather":
         out = all_gather_attention(
-            query, key, value, softmax_scale, causal, group, dist.get_rank(group), dist.get_world_size(group)
+            query, key, value, softmax_scale, causal, group, dist.get_rank(group), dist.get_world_size(group),
+            dropout_p, seed,
         )
     else:
         raise ValueError(f"cp_comm_type {comm_type!r} is not supported yet; use p2p or all_gather")

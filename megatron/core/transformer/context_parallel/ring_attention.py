@@ -31,6 +31,7 @@ import torch.distributed as dist
 from megatron.core.transformer.context_parallel.block_attention import (
     block_attention_backward,
     block_attention_forward,
+    dropout_masks,
 )
 
 
@@ -83,11 +84,13 @@ def _merge(out, lse, rows, block_out, block_lse) -> None:
 
 
 class RingAttention(torch.autograd.Function):
-    """q [b, g, r, 2n, d], k and v [b, g, 1, 2n, d] (this rank's two chunks) -> O [b, g, r, 2n, d]."""
+    """q [b, g, r, 2n, d], k and v [b, g, 1, 2n, d] (this rank's two chunks) -> O [b, g, r, 2n, d].
+    Attention dropout with probability `dropout_p` draws its masks from `seed`, block after block."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, causal: bool, group):
+    def forward(ctx, q, k, v, scale: float, causal: bool, group, dropout_p: float = 0.0, seed: int | None = None):
         neighbours = _RingNeighbours(group)
+        dropout = dropout_masks(dropout_p, seed, q.device)
         n = q.size(-2) // 2
         key_values = torch.stack((k, v))  # [2, b, g, 1, 2n, d]: one message per step
         out = lse = None
@@ -96,7 +99,7 @@ class RingAttention(torch.autograd.Function):
                 incoming, requests = neighbours.start(key_values)
             rows, columns, offset = _step_blocks(step, neighbours, causal, n)
             block_out, block_lse = block_attention_forward(
-                q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :], scale, offset
+                q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :], scale, offset, dropout
             )
             if step == 0:  # step 0 covers every row, so each row has a finite lse from here on
                 out, lse = block_out, block_lse
@@ -105,14 +108,16 @@ class RingAttention(torch.autograd.Function):
             if step + 1 < neighbours.size:
                 neighbours.finish(requests)
                 key_values = incoming
+        out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.group = scale, causal, group
-        return out.to(q.dtype)
+        ctx.scale, ctx.causal, ctx.group, ctx.dropout_p, ctx.seed = scale, causal, group, dropout_p, seed
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         neighbours = _RingNeighbours(ctx.group)
+        dropout = dropout_masks(ctx.dropout_p, ctx.seed, q.device)  # replays the forward's masks, in order
         n = q.size(-2) // 2
         key_values = torch.stack((k, v))
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -123,7 +128,7 @@ class RingAttention(torch.autograd.Function):
             rows, columns, offset = _step_blocks(step, neighbours, ctx.causal, n)
             block_dq, block_dk, block_dv = block_attention_backward(
                 dout[..., rows, :], q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :],
-                out[..., rows, :], lse[..., rows], ctx.scale, offset,
+                out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout,
             )
             dq[..., rows, :] += block_dq
             # The accumulator of this block's dK/dV arrives from the rank that held the block one step ago.
@@ -140,4 +145,4 @@ class RingAttention(torch.autograd.Function):
                 key_values = incoming
         neighbours.finish(grad_requests)  # after c hops each accumulator is back with its owner
         dk, dv = incoming_grads
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None

@@ -7,7 +7,7 @@ from megatron.training.arguments import core_transformer_config_from_args
 
 from .conftest import MINIMAL
 
-CP2 = ["--context-parallel-size", "2", "--attention-dropout", "0"]
+CP2 = ["--context-parallel-size", "2"]
 
 
 @pytest.mark.parametrize("comm_type, expected", [("p2p", "p2p"), ("allgather", "allgather"),
@@ -37,8 +37,6 @@ def test_one_comm_type_per_layer_reaches_the_config(validated, monkeypatch):
     (["--cp-comm-type", "ring"], "--cp-comm-type ring is not one of p2p, allgather, a2a, a2a+p2p"),
     (["--cp-comm-type", "p2p", "p2p", "p2p"], "--cp-comm-type lists 3 types; give one for all layers or one per "
                                               "layer (2)"),
-    (["--attention-dropout", "0.1"], "--attention-dropout 0.1 with --context-parallel-size 2: dropout inside "
-                                     "context-parallel attention is not supported yet; use --attention-dropout 0"),
     (["--reset-attention-mask"], "--reset-attention-mask with --context-parallel-size 2 is not supported yet"),
     (["--hierarchical-context-parallel-sizes", "2"], "--hierarchical-context-parallel-sizes [2]: is for "
                                                      "--cp-comm-type a2a+p2p, which is not supported yet"),

@@ -5,10 +5,16 @@ unmasked, multi-head and grouped-query (4 query heads on 2 key/value heads). Eac
 chunks (r and 2c-1-r, cut here by hand) of the same random Q, K, V and output gradient; its output and
 its Q, K, V gradients must equal the matching rows of the reference's. Inputs are fp32 and the kernels
 compute in fp32: tolerance 1e-5 (measured ~1e-6).
+
+With attention dropout the reference needs the masks: a first call with V = the identity (value row j =
+one-hot j) returns each query row's dropped-out probabilities over the whole sequence, from which the
+test reads the keep mask; a second call with the same seed and the real V must then equal, forward and
+backward, plain softmax(QK^T * scale + causal) * keep / (1 - p) V.
 """
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.transformer.context_parallel import (
@@ -37,12 +43,12 @@ def _reference_attention(query, key, value, causal):
     return context.permute(2, 0, 1, 3).reshape(SEQ, query.size(1), -1)
 
 
-def _inputs(groups: int):
+def _inputs(groups: int, head_dim: int = HEAD_DIM):
     generator = torch.Generator().manual_seed(3)
-    query = torch.randn(SEQ, BATCH, HEADS, HEAD_DIM, generator=generator)
-    key = torch.randn(SEQ, BATCH, groups, HEAD_DIM, generator=generator)
-    value = torch.randn(SEQ, BATCH, groups, HEAD_DIM, generator=generator)
-    dout = torch.randn(SEQ, BATCH, HEADS * HEAD_DIM, generator=generator)
+    query = torch.randn(SEQ, BATCH, HEADS, head_dim, generator=generator)
+    key = torch.randn(SEQ, BATCH, groups, head_dim, generator=generator)
+    value = torch.randn(SEQ, BATCH, groups, head_dim, generator=generator)
+    dout = torch.randn(SEQ, BATCH, HEADS * head_dim, generator=generator)
     return query, key, value, dout
 
 
@@ -74,6 +80,46 @@ def _worst_errors(cp_size: int) -> dict:
     return worst
 
 
+DROPOUT = 0.3
+
+
+def _dropout_errors(cp_size: int) -> dict:
+    """Worst error against the reference with the read-out keep masks, and the fraction of entries dropped."""
+    parallel_state.initialize_model_parallel(context_parallel_size=cp_size)
+    group, cp_rank = parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_rank()
+    rows = _rows_of_rank(cp_rank, cp_size)
+    query, key, value, dout = _inputs(2, head_dim=SEQ)  # V may then be the identity
+    identity = torch.eye(SEQ).view(SEQ, 1, 1, SEQ).expand(SEQ, BATCH, 2, SEQ)
+    causal_visible = ~torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)
+    worst = {}
+    for comm_type in ("p2p", "all_gather"):
+        seed = 1234
+        readout = context_parallel_attention(
+            query[rows], key[rows], identity[rows], SCALE, True, comm_type, dropout_p=DROPOUT, dropout_seed=seed
+        ).view(len(rows), BATCH, HEADS, SEQ)
+        gathered = [torch.empty_like(readout) for _ in range(cp_size)]
+        dist.all_gather(gathered, readout, group=group)
+        dropped = torch.empty(SEQ, BATCH, HEADS, SEQ)
+        for rank, rows_of_rank in enumerate(gathered):
+            dropped[_rows_of_rank(rank, cp_size)] = rows_of_rank
+        keep = (dropped != 0).permute(1, 2, 0, 3).double()  # [b, np, s, s]
+
+        full = [tensor.double().requires_grad_() for tensor in (query, key, value)]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in full)
+        k, v = (t.repeat_interleave(HEADS // 2, dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-1, -2) * SCALE).masked_fill(~causal_visible, float("-inf"))
+        reference = (torch.softmax(scores, dim=-1) * keep / (1 - DROPOUT) @ v).permute(2, 0, 1, 3).reshape(SEQ, BATCH, -1)
+        expected = [reference] + list(torch.autograd.grad(reference, full, dout.double()))
+
+        local = [tensor[rows].clone().requires_grad_() for tensor in (query, key, value)]
+        output = context_parallel_attention(*local, SCALE, True, comm_type, dropout_p=DROPOUT, dropout_seed=seed)
+        actual = [output] + list(torch.autograd.grad(output, local, dout[rows]))
+        worst[comm_type] = max((got.double() - want[rows]).abs().max().item() for got, want in zip(actual, expected))
+        worst[f"{comm_type} dropped"] = 1 - keep[..., causal_visible].mean().item()
+    parallel_state.destroy_model_parallel()
+    return worst
+
+
 def _batch_split() -> dict:
     """This rank's tokens of 0..7 and rotary rows under CP=2 (ranks 0, 1 and 2, 3 form the CP groups)."""
     parallel_state.initialize_model_parallel(context_parallel_size=2)
@@ -86,7 +132,8 @@ def _batch_split() -> dict:
 
 
 def _all_checks(rank, world_size):
-    return dict(cp2=_worst_errors(2), cp4=_worst_errors(4), split=_batch_split())
+    return dict(cp2=_worst_errors(2), cp4=_worst_errors(4), split=_batch_split(),
+                dropout2=_dropout_errors(2), dropout4=_dropout_errors(4))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +148,16 @@ def test_context_parallel_attention_equals_full_attention(results, cp_size):
         bad = {case: error for case, error in per_rank[f"cp{cp_size}"].items() if error > TOLERANCE}
         assert not bad, f"CP={cp_size} rank {rank}: {bad}"
         assert len(per_rank[f"cp{cp_size}"]) == 8
+
+
+@pytest.mark.parametrize("cp_size", [2, 4])
+def test_context_parallel_attention_dropout_equals_masked_full_attention(results, cp_size):
+    """Ring and all-gather with p = 0.3: the same function as full attention with the masks they drew."""
+    for rank, per_rank in enumerate(results):
+        worst = per_rank[f"dropout{cp_size}"]
+        for comm_type in ("p2p", "all_gather"):
+            assert worst[comm_type] < TOLERANCE, f"CP={cp_size} rank {rank} {comm_type}: {worst[comm_type]}"
+            assert 0.2 < worst[f"{comm_type} dropped"] < 0.4, worst
 
 
 def test_batch_split_keeps_chunks_r_and_2c_minus_1_minus_r(results):
