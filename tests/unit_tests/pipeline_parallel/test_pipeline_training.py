@@ -2,10 +2,11 @@
 
 Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G = 2), PP=4 (tied),
 uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
-embeddings), and TP=2 (+SP) x PP=2 x DP=2 on 8 ranks. Every layout trains the same 4-layer model on the
-same global batch of 8 sequences with Megatron-Core's path (GPTModel stages, DDP, the schedule of
-`get_forward_backward_func`, finalize_model_grads, get_megatron_optimizer with Adam and clipping); the
-reference is that model in one process with `torch.optim.AdamW` and `clip_grad_norm_`.
+embeddings), and on 8 ranks TP=2 (+SP) x PP=2 x DP=2 and TP=2 x PP=2 x CP=2 (the Llama-like model, ring
+attention). Every layout trains the same 4-layer model on the same global batch of 8 sequences with
+Megatron-Core's path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`,
+finalize_model_grads, get_megatron_optimizer with Adam and clipping, the GPT task's CP batch split and
+loss function); the reference is that model in one process with `torch.optim.AdamW` and `clip_grad_norm_`.
 
 Each stage starts from the reference's weights (its layers picked by their global index: offset +
 local index, reference 9.3) - except the last stage's copy of a tied embedding, which must come out of
@@ -17,6 +18,8 @@ gradient norm must match, and after the last step the weights (both tied copies 
 Tolerances in fp32, as in the tensor-parallel test: losses, gradients, grad norms 2e-5; weights after Adam
 1e-4.
 """
+
+from functools import partial
 
 import pytest
 import torch
@@ -31,9 +34,10 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.dist_utils import run_distributed
+from megatron.training.tasks import gpt as gpt_task
 from tests.unit_tests.tensor_parallel.test_tensor_parallel_training import (
     _COLUMNS_SPLIT,
     _ROWS_SPLIT,
@@ -67,6 +71,7 @@ LAYOUTS = {
     "PP=4": ("gpt2", 4, dict(pp=4)),
     "uneven PP=2 (1+3) x DP=2": ("llama", 4, dict(pp=2, first=1, last=3)),
     "TP=2+SP x PP=2 x DP=2": ("gpt2", 8, dict(tp=2, pp=2, sequence_parallel=True)),
+    "TP=2 x PP=2 x CP=2": ("llama", 8, dict(tp=2, pp=2, cp=2)),
 }
 
 
@@ -131,15 +136,16 @@ def _reference_name(name: str, chunk: GPTModel) -> str:
 
 def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
     """Worst errors against `reference` over the steps, on this rank's stage(s)."""
-    tp, pp, vpp = layout.get("tp", 1), layout["pp"], layout.get("vpp")
+    tp, pp, vpp, cp = layout.get("tp", 1), layout["pp"], layout.get("vpp"), layout.get("cp", 1)
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=cp,
     )
     model_parallel_cuda_manual_seed(123)
     tp_group, tp_rank = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_rank()
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     config = TransformerConfig(
-        **MODELS[name]["config"], tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        **MODELS[name]["config"], tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
         virtual_pipeline_model_parallel_size=vpp, num_layers_in_first_pipeline_stage=layout.get("first"),
         num_layers_in_last_pipeline_stage=layout.get("last"), microbatch_group_size_per_vp_stage=layout.get("group"),
         sequence_parallel=layout.get("sequence_parallel", False), pipeline_dtype=torch.float32,
@@ -205,7 +211,7 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
         expected = reference[step]
         if is_last_stage:
             loss_and_tokens = torch.stack([report["lm loss"] for report in reports]).sum(dim=0)
-            dist.all_reduce(loss_and_tokens, group=parallel_state.get_data_parallel_group())
+            dist.all_reduce(loss_and_tokens, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
             worst[f"loss {step}"] = abs((loss_and_tokens[0] / loss_and_tokens[1]).item() - expected["loss"])
         else:
             assert reports == []
@@ -224,18 +230,17 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
 
 
 def _forward_step(data_iterator, model):
+    """The GPT task's path: this CP rank's chunks of the microbatch, the task's loss function."""
     tokens, labels = next(data_iterator)
-    losses = model(tokens, POSITIONS, None, labels=labels)
-
-    def loss_func(output_tensor):
-        loss_sum = output_tensor.float().sum()
-        num_tokens = torch.tensor(output_tensor.numel(), dtype=torch.int)
-        return loss_sum, num_tokens, {"lm loss": torch.stack([loss_sum.detach(), num_tokens.float()])}
-
-    return losses, loss_func
+    batch = get_batch_on_this_cp_rank(
+        dict(tokens=tokens, labels=labels, position_ids=POSITIONS, loss_mask=torch.ones(tokens.shape))
+    )
+    losses = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return losses, partial(gpt_task.loss_func, batch["loss_mask"])
 
 
 def _layouts_of_world(rank, world_size, references):
+    """{layout: worst errors} of every layout of this world size (called by the folder's conftest)."""
     return {
         layout: _pipeline_run(name, parallel, references[name])
         for layout, (name, size, parallel) in LAYOUTS.items()
@@ -243,17 +248,12 @@ def _layouts_of_world(rank, world_size, references):
     }
 
 
-@pytest.fixture(scope="module")
-def references():
-    return {name: _reference_run(name) for name in MODELS}
-
-
 @pytest.mark.parametrize("world_size", [2, 4, 8])
-def test_pipeline_training_matches_one_process(world_size, references):
+def test_pipeline_training_matches_one_process(world_size, pipeline_ranks):
     """Same losses, gradients, grad norms and final weights as the whole model in one process, and the
     last stage's tied output weight equals the first stage's embedding right after initialisation."""
-    for per_rank in run_distributed(_layouts_of_world, world_size, references):
-        for layout, worst in per_rank.items():
+    for per_rank in pipeline_ranks(world_size):
+        for layout, worst in per_rank["training"].items():
             worst = dict(worst)
             assert worst.pop("tied copy at init") == 0.0, layout
             weights = worst.pop("final weights")

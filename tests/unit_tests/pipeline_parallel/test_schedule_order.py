@@ -18,7 +18,6 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.pipeline_parallel.interleaved import get_schedule_table
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
-from tests.unit_tests.dist_utils import run_distributed
 
 SEQ, MICRO_BATCH, HIDDEN = 4, 2, 8
 
@@ -65,7 +64,11 @@ def _forward_step(log, num_chunks, data_iterator, model):
     return output, loss_func
 
 
-def _record_order(rank, world_size, num_microbatches, num_chunks, forward_only):
+# (world size, microbatches, model chunks): run by the folder's conftest in the spawn of that world size.
+ORDER_CASES = [(4, 5, 1), (2, 4, 2)]
+
+
+def _record_order(rank, world_size, num_microbatches, num_chunks):
     vpp = num_chunks if num_chunks > 1 else None
     parallel_state.initialize_model_parallel(
         pipeline_model_parallel_size=world_size, virtual_pipeline_model_parallel_size=vpp
@@ -94,8 +97,8 @@ def _record_order(rank, world_size, num_microbatches, num_chunks, forward_only):
         num_microbatches=num_microbatches,
         seq_length=SEQ,
         micro_batch_size=MICRO_BATCH,
-        forward_only=forward_only,
     )
+    parallel_state.destroy_model_parallel()
     return log, len(reports)
 
 
@@ -103,8 +106,8 @@ def _orders(text: str) -> list[list[str]]:
     return [line.split() for line in text.strip().splitlines()]
 
 
-def test_one_f_one_b_orders_and_forward_only():
-    logs = run_distributed(_record_order, 4, 5, 1, False)
+def test_one_f_one_b_orders(pipeline_ranks):
+    logs = [per_rank["orders"][(4, 5, 1)] for per_rank in pipeline_ranks(4)]
     expected = _orders(
         """
         F0 F1 F2 F3 B0 F4 B1 B2 B3 B4
@@ -117,10 +120,11 @@ def test_one_f_one_b_orders_and_forward_only():
     assert [reports for _, reports in logs] == [0, 0, 0, 5]  # loss reports on the last stage only
 
 
-def test_interleaved_orders_and_schedule_table():
+def test_interleaved_orders_and_schedule_table(pipeline_ranks):
+    # Megatron's example: M = 5, v = 2, G = 3 (the last group holds the 2 remaining microbatches).
     assert get_schedule_table(5, 2, 3) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (4, 0),
                                            (3, 1), (4, 1)]
-    logs = run_distributed(_record_order, 2, 4, 2, False)
+    logs = [per_rank["orders"][(2, 4, 2)] for per_rank in pipeline_ranks(2)]
     expected = _orders(
         """
         F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0
