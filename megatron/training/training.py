@@ -34,6 +34,7 @@ from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import build_train_valid_test_data_iterators
 from megatron.training.data_vocabulary import check_data_vocabulary
+from megatron.training.dry_run import dry_run
 from megatron.training.evaluation import evaluate_and_print_results
 from megatron.training.exit_conditions import ExitConditions
 from megatron.training.global_vars import (
@@ -63,9 +64,13 @@ def pretrain(
 ):
     """Trains a model from the command line's arguments; see the module docstring for the flow."""
     start = time.time()
+    # Parse and validate first: --dry-run stops there, before torch.distributed exists.
+    parsed_args = initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults,
+                                      parsed_args=parsed_args, skip_mpu_initialization=True)
+    if parsed_args.dry_run:
+        dry_run(parsed_args)
+        return
     initialize_megatron(
-        extra_args_provider=extra_args_provider,
-        args_defaults=args_defaults,
         get_embedding_ranks=get_embedding_ranks,
         get_position_embedding_ranks=get_position_embedding_ranks,
         parsed_args=parsed_args,

@@ -1,0 +1,151 @@
+"""The memory estimate against memory measured on the CPU, and the parameter count against real models.
+
+Measured: weights, gradient buffers and optimizer state by walking the live tensors after a first step;
+the dynamic peak of a second (steady-state) step by tracking every tensor storage that PyTorch's
+dispatcher hands out until it is freed. Tolerance: the estimate must be within 20% of the measured total
+and 25% of the measured activations (the estimate ignores small tensors and allocator-level details).
+"""
+
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+from megatron.core.transformer.module import Float16Module
+from megatron.training.arguments import (
+    core_transformer_config_from_args,
+    ddp_config_from_args,
+    optimizer_config_from_args,
+    parse_args,
+    validate_args,
+)
+from megatron.training.memory_estimate import estimate_memory, parameters_per_rank, total_parameters
+
+VOCAB, SEQ, BATCH = 256, 128, 4
+BASE = (f"--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length {SEQ} --max-position-embeddings "
+        f"{SEQ} --micro-batch-size {BATCH} --train-iters 10 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer "
+        f"--vocab-size {VOCAB} --attention-dropout 0").split()
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Peak bytes of the tensor storages created under this mode and still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.current, self.peak = {}, 0, 0
+
+    def _freed(self, key, nbytes):
+        if self.live.pop(key, None) is not None:
+            self.current -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                key = id(storage)  # one Python object per live storage (PyTorch preserves it)
+                if key not in self.live:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._freed, key, storage.nbytes())
+        return out
+
+
+@pytest.fixture
+def single_rank(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1)
+    yield
+    get_cuda_rng_tracker().reset()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _args(*flags):
+    args = validate_args(parse_args(args_list=[*BASE, *flags]))
+    args.padded_vocab_size = VOCAB
+    return args
+
+
+def _gpt(args):
+    return GPTModel(core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
+                    VOCAB, SEQ, share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                    position_embedding_type=args.position_embedding_type)
+
+
+SHAPES = [
+    (),
+    ("--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+     "--position-embedding-type", "rope"),
+    ("--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "96", "--add-qkv-bias",
+     "--disable-bias-linear"),
+]
+
+
+@pytest.mark.parametrize("flags", SHAPES)
+def test_parameter_count_is_the_models(single_rank, flags):
+    args = _args(*flags)
+    numel = sum(param.numel() for param in _gpt(args).parameters())
+    assert total_parameters(args) == numel
+    assert parameters_per_rank(args) == {"first stage": numel, "last stage": numel}
+
+
+def _measure(args):
+    """(static bytes, dynamic peak bytes of a steady-state training step)."""
+    config = core_transformer_config_from_args(args)
+    model = _gpt(args)
+    if args.bf16:
+        model = Float16Module(config, model)
+    model = DistributedDataParallel(config, ddp_config_from_args(args), model)
+    optimizer = get_megatron_optimizer(optimizer_config_from_args(args), [model])
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    positions = torch.arange(SEQ).expand(BATCH, SEQ)
+
+    def step():
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        model(tokens, positions, None, labels=tokens).float().mean().backward()
+        finalize_model_grads([model])
+        optimizer.step()
+
+    step()
+    static = sum(param.numel() * param.element_size() for param in model.parameters())
+    static += sum(buffer.grad_data.numel() * buffer.grad_data.element_size() for buffer in model.buffers)
+    inner = optimizer.optimizer
+    for group in inner.param_groups:
+        for main_param in group["params"]:
+            static += sum(state.numel() * state.element_size() for state in inner.state[main_param].values()
+                          if torch.is_tensor(state) and state.dim() > 0)
+            if args.bf16:  # fp32 main copies of the bf16 weights
+                static += main_param.numel() * main_param.element_size()
+    with PeakTensorMemory() as tracker:
+        step()
+    return static, tracker.peak
+
+
+@pytest.mark.parametrize("flags", [(), ("--bf16", "--swiglu", "--hidden-dropout", "0"),
+                                   ("--recompute-granularity", "full", "--recompute-method", "uniform",
+                                    "--recompute-num-layers", "1")])
+def test_memory_estimate_is_close_to_measured_peak(single_rank, flags):
+    args = _args(*flags)
+    static, dynamic = _measure(args)
+    estimate = estimate_memory(args, num_microbatches=1)
+    assert estimate.weights + estimate.gradients + estimate.optimizer == static
+    recompute = args.recompute_granularity == "full"
+    activations = estimate.activations_full_recompute if recompute else estimate.activations
+    total = estimate.total_full_recompute if recompute else estimate.total
+    assert activations == pytest.approx(dynamic, rel=0.25)
+    assert total == pytest.approx(static + dynamic, rel=0.20)
