@@ -83,6 +83,10 @@ class ModelParallelConfig:
     autocast_dtype: Optional[torch.dtype] = None
     """dtype for autocast; defaults to `params_dtype`."""
 
+    gradient_accumulation_fusion: bool = False
+    """Accumulate the weight gradients of the parallel linear layers straight into DDP's fp32
+    `main_grad` inside the GEMM (`--gradient-accumulation-fusion`, megatron/core/fusions)."""
+
     # --- pipeline schedule -------------------------------------------------------------------------------
     variable_seq_lengths: bool = False
     """Microbatches may differ in sequence length (pipeline stages exchange shapes first)."""

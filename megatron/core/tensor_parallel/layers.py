@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.core import parallel_state
+from megatron.core.fusions.fused_weight_gradient import linear_with_grad_accumulation
 from megatron.core.model_parallel_config import ModelParallelConfig, reject_unsupported
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -186,7 +187,11 @@ class ColumnParallelLinear(torch.nn.Module):
             input_parallel = gather_from_sequence_parallel_region(input_, group=self.tp_group)
         else:
             input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
-        output = F.linear(input_parallel, weight, None if self.skip_bias_add else self.bias)
+        bias = None if self.skip_bias_add else self.bias
+        if self.config.gradient_accumulation_fusion and weight is self.weight:  # not a tied, passed-in weight
+            output = linear_with_grad_accumulation(input_parallel, weight, bias)
+        else:
+            output = F.linear(input_parallel, weight, bias)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if gather:
             output = gather_from_tensor_model_parallel_region(output, self.output_size, group=self.tp_group)
@@ -248,7 +253,8 @@ class RowParallelLinear(torch.nn.Module):
             input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
         # At TP = 1 the bias can go into the GEMM; otherwise it must be added once, after the reduction.
         fuse_bias = self.tp_world_size == 1 and not self.skip_bias_add
-        output = F.linear(input_parallel, self.weight, self.bias if fuse_bias else None)
+        linear = linear_with_grad_accumulation if self.config.gradient_accumulation_fusion else F.linear
+        output = linear(input_parallel, self.weight, self.bias if fuse_bias else None)
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
         else:

@@ -55,7 +55,10 @@ def _gpt(use_torch_compile, **shape):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", [GPT_SHAPE, LLAMA_SHAPE], ids=["gpt", "llama"])
 def test_compiled_gpt_training_step_equals_eager_on_gpu(shape):
-    shape = dict(shape, hidden_size=256, num_attention_heads=8, **({"ffn_hidden_size": 512} if shape is LLAMA_SHAPE else {}))
+    shape = dict(shape, hidden_size=256, num_attention_heads=8)
+    shape.pop("use_torch_compile")
+    if "ffn_hidden_size" in shape:
+        shape["ffn_hidden_size"] = 512
     eager, compiled = _gpt(False, **shape), _gpt(True, **shape)
     compiled.load_state_dict(eager.state_dict())
     tokens = torch.randint(0, 256, (2, 65), device="cuda", generator=torch.Generator("cuda").manual_seed(1))

@@ -1,0 +1,64 @@
+"""Linear layer whose weight gradient is accumulated straight into the fp32 `main_grad` buffer.
+
+    Y = X W^T + b                    X [..., in], W [out, in]
+    dX = dY W,   main_grad += dY^T X (fp32 accumulation in the GEMM itself),   db = sum over tokens of dY
+
+Without it autograd writes dW in bf16 and DDP's hook adds it into the fp32 `main_grad` (one more pass
+over every weight: a read of dW and a read-modify-write of main_grad). Megatron-LM does the same with
+apex's `fused_weight_gradient_mlp_cuda` (`--gradient-accumulation-fusion`); here cuBLAS's bf16 x bf16 ->
+fp32 GEMM with beta = 1 (`torch.addmm(..., out_dtype=float32, out=main_grad)`) does it without apex.
+
+The backward hands autograd an uninitialised dummy for dW and sets `weight.grad_added_to_main_grad`,
+which tells DDP's hook not to add it (the same protocol as Megatron-LM).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    """main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated in main_grad's fp32."""
+    if main_grad.is_cuda:
+        torch.addmm(main_grad, grad_output.t(), input, out_dtype=main_grad.dtype, out=main_grad)
+    else:  # CPU has no mixed-dtype GEMM; the same sum in fp32
+        main_grad.addmm_(grad_output.t().to(main_grad.dtype), input.to(main_grad.dtype))
+
+
+class _LinearWithGradAccumulation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias):
+        ctx.save_for_backward(input, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        grad_input = grad_output.matmul(weight)  # [..., out] @ [out, in]
+        grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [n, out]
+        _accumulate_weight_gradient(weight.main_grad, grad_output_2d, input.reshape(-1, input.size(-1)))
+        weight.grad_added_to_main_grad = True
+        dummy_weight_grad = torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
+        grad_bias = grad_output_2d.sum(dim=0) if ctx.has_bias else None
+        return grad_input, dummy_weight_grad, grad_bias
+
+
+def can_accumulate_in_main_grad(weight: torch.Tensor) -> bool:
+    """True where the fused path applies: a bf16/fp16 weight with DDP's fp32 `main_grad`, outside a
+    `torch.compile` region (a compiled layer keeps autograd's own weight gradient)."""
+    main_grad = getattr(weight, "main_grad", None)
+    return (
+        main_grad is not None
+        and main_grad.dtype == torch.float32
+        and weight.dtype in (torch.bfloat16, torch.float16)
+        and weight.requires_grad
+        and not torch.compiler.is_compiling()
+    )
+
+
+def linear_with_grad_accumulation(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """`F.linear(input, weight, bias)` whose weight gradient goes into `weight.main_grad` (see above);
+    plain `F.linear` where `can_accumulate_in_main_grad(weight)` is False."""
+    if not can_accumulate_in_main_grad(weight):
+        return F.linear(input, weight, bias)
+    return _LinearWithGradAccumulation.apply(input, weight, bias)

@@ -1,0 +1,76 @@
+"""linear_with_grad_accumulation: the weight gradient lands in DDP's fp32 main_grad (summed over
+backward passes) and nowhere else; input and bias gradients are autograd's. Reference: float64 sums."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.fusions.fused_weight_gradient import linear_with_grad_accumulation
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = torch.nn.Linear(8, 32).to(dtype), torch.nn.Linear(32, 4).to(dtype)
+
+    def forward(self, x):
+        hidden = torch.relu(linear_with_grad_accumulation(x, self.fc1.weight, self.fc1.bias))
+        return linear_with_grad_accumulation(hidden, self.fc2.weight, self.fc2.bias)
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def _reference_grads(model, inputs, upstream):
+    """float64 gradients of sum_k <model(x_k), g_k> over the passes."""
+    reference = TwoLinears(torch.float64)
+    reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    for x, g in zip(inputs, upstream):
+        hidden = torch.relu(F.linear(x.double(), reference.fc1.weight, reference.fc1.bias))
+        F.linear(hidden, reference.fc2.weight, reference.fc2.bias).backward(g.double())
+    return {name: param.grad for name, param in reference.named_parameters()}
+
+
+def _run(device):
+    model = TwoLinears(torch.bfloat16).to(device)
+    ddp = DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=False),
+                                  DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    generator = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(3, 5, 8, generator=generator).bfloat16().to(device) for _ in range(2)]
+    upstream = [torch.randn(3, 5, 4, generator=generator).bfloat16().to(device) for _ in range(2)]
+    for x, g in zip(inputs, upstream):  # two microbatches accumulate
+        ddp(x).backward(g)
+    expected = _reference_grads(model, [x.cpu() for x in inputs], [g.cpu() for g in upstream])
+    for name, param in model.named_parameters():
+        assert param.grad is None and param.main_grad.dtype == torch.float32
+        torch.testing.assert_close(param.main_grad.cpu().double(), expected[name], atol=3e-2, rtol=2e-2)
+    assert model.fc1.weight.grad_added_to_main_grad and not model.fc1.bias.grad_added_to_main_grad
+
+
+def test_weight_gradients_accumulate_in_main_grad_on_cpu(one_rank):
+    _run("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_weight_gradients_accumulate_in_main_grad_on_gpu(one_rank):
+    _run("cuda")
+
+
+def test_plain_linear_without_main_grad():
+    weight = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    linear_with_grad_accumulation(x, weight, None).sum().backward()
+    torch.testing.assert_close(weight.grad, torch.ones(2, 4, dtype=torch.bfloat16).t() @ x)
