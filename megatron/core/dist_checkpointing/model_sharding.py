@@ -14,9 +14,15 @@ The sizes n_r are gathered over the tensor-parallel group (the vocabulary may be
 building the dict is collective over that group. Replica ids are (pipeline copy, TP copy, DP rank):
 only (0, 0, 0) writes. The tied output weight of the last pipeline stage is a copy of
 `embedding.word_embeddings.weight` (pipeline copy 1).
+
+Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers too (local expert i of a MoE
+layer is expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated
+over the expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP rank), so a
+checkpoint does not depend on EP either.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
 
 import torch
@@ -27,20 +33,61 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
 # A piece of a model tensor and where its first element sits in that tensor, flattened.
 TensorPiece = Tuple[ShardedTensor, int]
+EXPERT_KEY_MARKER = "mlp.experts."
 
 
-def _parallel_position() -> Tuple[int, int, int, torch.distributed.ProcessGroup]:
-    """(TP rank, TP size, DP rank incl. CP, TP group) - all trivial without torch.distributed."""
+@dataclass(frozen=True)
+class _Position:
+    """This rank's place: TP (dense params) and expert-TP / expert-DP (routed experts, `allreduce=False`)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_group: object = None
+    dp_rank: int = 0
+    etp_rank: int = 0
+    etp_size: int = 1
+    etp_group: object = None
+    edp_rank: int = 0
+
+
+def _parallel_position() -> _Position:
     if not (dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
-        return 0, 1, 0, None
-    if parallel_state.get_expert_model_parallel_world_size() > 1:
-        raise ValueError("--ckpt-format torch_dist with expert parallelism (EP > 1) is not supported yet")
-    return (
-        parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.get_tensor_model_parallel_world_size(),
-        parallel_state.get_data_parallel_rank(with_context_parallel=True),
+        return _Position()
+    return _Position(
+        parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_tensor_model_parallel_group(),
+        parallel_state.get_data_parallel_rank(with_context_parallel=True),
+        parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size(),
+        parallel_state.get_expert_tensor_parallel_group(), parallel_state.get_expert_data_parallel_rank(),
     )
+
+
+def is_expert_key(key: str) -> bool:
+    """True for the keys of routed experts (replicated over the expert-data-parallel ranks only)."""
+    return EXPERT_KEY_MARKER in key
+
+
+def _is_expert(tensor: torch.Tensor) -> bool:
+    return getattr(tensor, "allreduce", True) is False
+
+
+def _expert_renames(model: torch.nn.Module) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """({local prefix: global prefix}, {local name: global name}) for the routed experts: local expert i
+    of a MoE layer is expert `local_expert_indices[i]` (SequentialMLP `local_experts.{i}.`, GroupedMLP
+    `linear_fc1.weight{i}`)."""
+    prefixes, names = {}, {}
+    for module_name, module in model.named_modules():
+        indices, experts = getattr(module, "local_expert_indices", None), getattr(module, "experts", None)
+        if indices is None or experts is None:
+            continue
+        prefix = f"{module_name}.experts." if module_name else "experts."
+        for local, global_ in enumerate(indices):
+            if isinstance(getattr(experts, "local_experts", None), torch.nn.ModuleList):
+                prefixes[f"{prefix}local_experts.{local}."] = f"{prefix}local_experts.{global_}."
+            else:
+                for linear in ("linear_fc1", "linear_fc2"):
+                    names[f"{prefix}{linear}.weight{local}"] = f"{prefix}{linear}.weight{global_}"
+    return prefixes, names
 
 
 def _global_layer_names(model: torch.nn.Module) -> Dict[str, str]:
@@ -69,11 +116,21 @@ def _tied_output_weights(model: torch.nn.Module) -> Dict[str, str]:
     return tied
 
 
-def _global_key(name: str, renames: Dict[str, str]) -> str:
+def _renamed_prefix(name: str, renames: Dict[str, str]) -> str:
     for local, global_ in renames.items():
         if name.startswith(local):
             return global_ + name[len(local):]
     return name
+
+
+def _partition_sizes(state: dict, names: List[str], size: int, group) -> Dict[str, List[int]]:
+    """{name: [local size along partition_dim of each rank of `group`]}, gathered (collective)."""
+    local_sizes = [state[name].shape[state[name].partition_dim] for name in names]
+    all_sizes = [local_sizes]
+    if size > 1:
+        all_sizes = [None] * size
+        dist.all_gather_object(all_sizes, local_sizes, group=group)
+    return {name: [sizes[i] for sizes in all_sizes] for i, name in enumerate(names)}
 
 
 def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor,
@@ -82,7 +139,7 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
 
     Collective over the tensor-parallel group (the partition sizes are gathered).
     """
-    tp_rank, tp_size, dp_rank, tp_group = _parallel_position()
+    position = _parallel_position()
     state = {name: value for name, value in model.state_dict(keep_vars=True).items() if value is not None}
     for name, value in state.items():
         if not isinstance(value, torch.Tensor):
@@ -91,25 +148,29 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
                 "--ckpt-format torch_dist so far"
             )
     parallel = [name for name, tensor in state.items() if getattr(tensor, "tensor_model_parallel", False)]
-    local_sizes = [state[name].shape[state[name].partition_dim] for name in parallel]
-    all_sizes = [local_sizes]
-    if tp_size > 1:
-        all_sizes = [None] * tp_size
-        dist.all_gather_object(all_sizes, local_sizes, group=tp_group)
-    sizes_by_name = {name: [sizes[i] for sizes in all_sizes] for i, name in enumerate(parallel)}
+    sizes = _partition_sizes(state, [name for name in parallel if not _is_expert(state[name])], position.tp_size,
+                             position.tp_group)
+    sizes.update(_partition_sizes(state, [name for name in parallel if _is_expert(state[name])], position.etp_size,
+                                  position.etp_group))
 
-    renames, tied = _global_layer_names(model), _tied_output_weights(model)
+    layer_renames, tied = _global_layer_names(model), _tied_output_weights(model)
+    expert_prefixes, expert_names = _expert_renames(model)
     for name, tensor in state.items():
-        key = prefix + _global_key(tied.get(name, name), renames)
+        local_key = expert_names.get(name) or _renamed_prefix(tied.get(name, name), expert_prefixes)
+        key = prefix + _renamed_prefix(local_key, layer_renames)
         pipeline_copy = 1 if name in tied else 0
         mismatch = getattr(tensor, "is_embedding_or_output_parameter", False)
-        if name not in sizes_by_name:
+        if _is_expert(tensor):
+            rank, copy_rank, replica_rank = position.etp_rank, position.etp_rank, position.edp_rank
+        else:
+            rank, copy_rank, replica_rank = position.tp_rank, position.tp_rank, position.dp_rank
+        if name not in sizes:
             piece = ShardedTensor(key, tensor, tuple(tensor.shape), (0,) * tensor.dim(),
-                                  (pipeline_copy, tp_rank, dp_rank), allow_shape_mismatch=mismatch)
+                                  (pipeline_copy, copy_rank, replica_rank), allow_shape_mismatch=mismatch)
             yield name, tensor, [(piece, 0)]
             continue
-        yield name, tensor, _partitioned_pieces(key, tensor, sizes_by_name[name], tp_rank,
-                                                (pipeline_copy, 0, dp_rank), mismatch)
+        yield name, tensor, _partitioned_pieces(key, tensor, sizes[name], rank, (pipeline_copy, 0, replica_rank),
+                                                mismatch)
 
 
 def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch) -> List[TensorPiece]:

@@ -14,7 +14,7 @@ What is the same on every rank goes to common.pt, one entry per (chained) sub-op
 {"param_groups": hyper-parameters and Adam's step, without params; "grad_scaler": ...}.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -98,12 +98,13 @@ def _scaler(saved: dict) -> dict:
 
 
 def _whole_param_tensors(sub) -> List[Tuple[torch.nn.Parameter, Dict[str, torch.Tensor]]]:
-    """(model param, {state name: tensor of the param's shape}) for a plain optimizer."""
+    """(model param, {state name: tensor of the param's shape}) for a plain optimizer; the fp32 main copy
+    of a bf16/fp16 param is one of them."""
     inner = sub.optimizer
-    pairs = []
     if isinstance(sub, Float16OptimizerWithFloat16Params):
-        for model_group, main_group in zip(sub.float16_groups, sub.fp32_from_float16_groups):
-            pairs += [(model, main, True) for model, main in zip(model_group, main_group)]
+        groups = zip(sub.float16_groups, sub.fp32_from_float16_groups)
+        pairs = [(model, main, True)
+                 for model_group, main_group in groups for model, main in zip(model_group, main_group)]
         pairs += [(param, param, False) for group in sub.fp32_from_fp32_groups for param in group]
     else:
         pairs = [(param, param, False) for group in inner.param_groups for param in group["params"]]
@@ -156,19 +157,18 @@ def optimizer_sharded_state_dict(optimizer, model_chunks: list, prefix: str = "o
     """{"optimizer.state.<name>.<param key>": [ShardedTensor, ...]} of `optimizer`'s live state tensors
     (see the module docstring). Collective over the tensor-parallel group. Call `prepare_optimizer_for_load`
     first when loading."""
-    pieces_of: Dict[int, Tuple[str, List[TensorPiece]]] = {}
+    pieces_of: Dict[int, List[TensorPiece]] = {}
     for chunk in model_chunks:
         for _, tensor, pieces in model_tensor_pieces(chunk):
             pieces_of[id(tensor)] = pieces
     sharded: Dict[str, list] = {}
     for sub in _sub_optimizers(optimizer):
         if isinstance(sub, DistributedOptimizer):
-            per_param = [(param, _flat_stretch_pieces(sub, param, _pieces(pieces_of, param)))
-                         for param in sub.model_params]
+            per_param = [_flat_stretch_pieces(sub, param, _pieces(pieces_of, param)) for param in sub.model_params]
         else:
-            per_param = [(param, _whole_param_pieces(tensors, _pieces(pieces_of, param)))
+            per_param = [_whole_param_pieces(tensors, _pieces(pieces_of, param))
                          for param, tensors in _whole_param_tensors(sub)]
-        for param, by_name in per_param:
+        for by_name in per_param:
             for name, state_pieces in by_name.items():
                 for piece in state_pieces:
                     piece.key = f"{prefix}{name}.{piece.key}"
@@ -177,7 +177,7 @@ def optimizer_sharded_state_dict(optimizer, model_chunks: list, prefix: str = "o
 
 
 def _pieces(pieces_of: Dict[int, List[TensorPiece]], param) -> List[TensorPiece]:
-    pieces: Optional[List[TensorPiece]] = pieces_of.get(id(param))
+    pieces = pieces_of.get(id(param))
     if pieces is None:
         raise ValueError(f"an optimizer param of shape {tuple(param.shape)} is not in the model's state dict")
     return pieces

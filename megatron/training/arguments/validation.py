@@ -112,9 +112,6 @@ def _check_checkpointing(args, problems) -> None:
         if args.save_interval is None or args.save_retain_interval % args.save_interval:
             problems.append(f"--save-retain-interval {args.save_retain_interval} must be a multiple of "
                             f"--save-interval {args.save_interval}")
-    if args.ckpt_format == "torch_dist" and (args.expert_model_parallel_size or 1) > 1:
-        problems.append("--ckpt-format torch_dist with --expert-model-parallel-size > 1 is not supported yet; use "
-                        "--ckpt-format torch")
     if args.async_save and args.ckpt_format != "torch_dist":
         problems.append(f"--async-save needs --ckpt-format torch_dist (this run has --ckpt-format {args.ckpt_format})")
     if args.ckpt_convert_format is not None:

@@ -49,22 +49,28 @@ def read_common_state(checkpoint_dir) -> dict:
     return load_common_state_dict(checkpoint_dir)
 
 
-def _saved_layout(state_dict: dict):
-    saved_args = state_dict.get("args")
-    return (getattr(saved_args, "pipeline_model_parallel_size", None),
-            getattr(saved_args, "tensor_model_parallel_size", None),
-            getattr(saved_args, "data_parallel_size", None))
+_LAYOUT_ARGS = ("pipeline_model_parallel_size", "tensor_model_parallel_size", "data_parallel_size",
+                "expert_model_parallel_size")
+
+
+def _per_data_parallel_rank(run_args) -> bool:
+    return bool(getattr(run_args, "data_parallel_random_init", False)) or (
+        (getattr(run_args, "expert_model_parallel_size", None) or 1) > 1)
 
 
 def _can_restore_rng(state_dict: dict, args) -> bool:
-    saved = _saved_layout(state_dict)
-    current = (args.pipeline_model_parallel_size, args.tensor_model_parallel_size, args.data_parallel_size)
-    compared = 3 if args.data_parallel_random_init else 2
-    if saved[:compared] == current[:compared]:
+    """Only under the layout that saved it: the RNG grid is PP x TP, x DP where the DP ranks' states differ
+    (--data-parallel-random-init, expert parallelism)."""
+    saved_args = state_dict.get("args")
+    per_rank = _per_data_parallel_rank(saved_args) or _per_data_parallel_rank(args)
+    compared = _LAYOUT_ARGS if per_rank else _LAYOUT_ARGS[:2]
+    saved = tuple(getattr(saved_args, name, None) or 1 for name in compared)
+    current = tuple(getattr(args, name, None) or 1 for name in compared)
+    if saved == current:
         return True
     print_rank_0(
-        f" the checkpoint was saved with (PP, TP{', DP' if compared == 3 else ''}) = {saved[:compared]}, this run "
-        f"has {current[:compared]}: the RNG state is not restored (this run's seeds are used)"
+        f" the checkpoint was saved with ({', '.join(compared)}) = {saved}, this run has {current}: the RNG state "
+        "is not restored (this run's seeds are used)"
     )
     return False
 

@@ -22,7 +22,7 @@ from megatron.core import parallel_state
 from megatron.core.dist_checkpointing import ShardedObject, save
 from megatron.core.dist_checkpointing.async_save import AsyncSaveRequest
 from megatron.core.dist_checkpointing.fully_parallel import distribute_replica_writes
-from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
+from megatron.core.dist_checkpointing.model_sharding import is_expert_key, model_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import optimizer_common_state, optimizer_sharded_state_dict
 from megatron.core.dist_checkpointing.serialization import split_state_dict
 from megatron.training.checkpoint.files import write_text_atomically
@@ -33,13 +33,19 @@ from megatron.training.console import print_rank_0
 _pending_save: Optional[AsyncSaveRequest] = None
 
 
+def rng_state_per_data_parallel_rank(data_parallel_random_init: bool) -> bool:
+    """Whether the DP ranks' RNG states differ: --data-parallel-random-init, or expert parallelism (each
+    expert rank has its own expert-parallel stream)."""
+    return data_parallel_random_init or parallel_state.get_expert_model_parallel_world_size() > 1
+
+
 def rng_sharded_object(rng_state, data_parallel_random_init: bool) -> ShardedObject:
     """This rank's RNG state as a piece of the (PP, TP[, DP]) grid; DP replicas are not written."""
     position = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
     shape = (parallel_state.get_pipeline_model_parallel_world_size(),
              parallel_state.get_tensor_model_parallel_world_size())
     data_parallel_rank = parallel_state.get_data_parallel_rank()
-    if data_parallel_random_init:
+    if rng_state_per_data_parallel_rank(data_parallel_random_init):
         return ShardedObject("rng_state", rng_state, (*shape, parallel_state.get_data_parallel_world_size()),
                              (*position, data_parallel_rank))
     return ShardedObject("rng_state", rng_state, shape, position, replica_id=data_parallel_rank)
@@ -65,15 +71,19 @@ def sharded_checkpoint_state_dict(args, model, optimizer, opt_param_scheduler, r
 
 
 def _spread_writes(state_dict: dict) -> None:
-    """Gives each piece replicated over the DP ranks to one of them (the distributed optimizer's own
-    stretches are not replicated: they stay with their rank)."""
+    """Gives each piece replicated over the DP ranks (routed experts: the expert-DP ranks) to one of them;
+    the distributed optimizer's own stretches are not replicated: they stay with their rank."""
     replicated = {key: value for key, value in state_dict.items() if key.startswith("model")}
     if "optimizer" in state_dict:
         replicated["optimizer"] = {"sharded": {key: [piece for piece in pieces if piece.flattened_range is None]
                                                for key, pieces in state_dict["optimizer"]["sharded"].items()}}
     _, tensors, _ = split_state_dict(replicated)
-    distribute_replica_writes(tensors, parallel_state.get_data_parallel_rank(with_context_parallel=True),
+    distribute_replica_writes([tensor for tensor in tensors if not is_expert_key(tensor.key)],
+                              parallel_state.get_data_parallel_rank(with_context_parallel=True),
                               parallel_state.get_data_parallel_world_size(with_context_parallel=True))
+    distribute_replica_writes([tensor for tensor in tensors if is_expert_key(tensor.key)],
+                              parallel_state.get_expert_data_parallel_rank(),
+                              parallel_state.get_expert_data_parallel_world_size())
 
 
 def finalize_async_save(blocking: bool = True) -> None:

@@ -1,5 +1,5 @@
-"""A tiny GPTModel (4 layers, SwiGLU, 2 key/value groups, RoPE, RMSNorm, tied embeddings) trained under a
-chosen TP x PP layout on the ranks of the current process group, with Megatron-Core's path (GPTModel
+"""A tiny GPTModel (4 layers, SwiGLU, 2 key/value groups, RoPE, RMSNorm, tied embeddings; optionally MoE)
+trained under a chosen TP x PP (x EP) layout on the ranks of the current process group, with Megatron-Core's path (GPTModel
 stages, DDP, the schedule of `get_forward_backward_func`, finalize_model_grads, get_megatron_optimizer),
 for the checkpoint tests. Fixed global batches of 8 sequences, split over the data-parallel ranks.
 """
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -23,21 +23,27 @@ SEQUENCE_LENGTH, MICRO_BATCH, GLOBAL_BATCH = 16, 2, 8
 POSITIONS = torch.arange(SEQUENCE_LENGTH).expand(MICRO_BATCH, SEQUENCE_LENGTH)
 
 
-def build(tensor_parallel: int, pipeline_parallel: int, distributed_optimizer: bool, seed: int):
-    """(DDP-wrapped stage of the model, optimizer, config) under a fresh TP x PP (x DP) layout."""
+def build(tensor_parallel: int, pipeline_parallel: int, distributed_optimizer: bool, seed: int,
+          expert_parallel: int = 0):
+    """(DDP-wrapped stage of the model, optimizer) under a fresh TP x PP (x DP) layout. With
+    `expert_parallel` (EP >= 1) every layer's MLP is a MoE layer of 4 experts split over EP ranks."""
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
-                                             pipeline_model_parallel_size=pipeline_parallel)
+                                             pipeline_model_parallel_size=pipeline_parallel,
+                                             expert_model_parallel_size=expert_parallel or 1)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
+    moe = dict(num_moe_experts=4, moe_ffn_hidden_size=24, expert_model_parallel_size=expert_parallel,
+               moe_router_topk=2) if expert_parallel else {}
     config = TransformerConfig(
         num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, normalization="RMSNorm",
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
-        pipeline_dtype=torch.float32,
+        pipeline_dtype=torch.float32, **moe,
     )
-    model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB_SIZE, SEQUENCE_LENGTH, position_embedding_type="rope",
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False) if moe else get_gpt_layer_local_spec()
+    model = GPTModel(config, spec, VOCAB_SIZE, SEQUENCE_LENGTH, position_embedding_type="rope",
                      share_embeddings_and_output_weights=True,
                      pre_process=parallel_state.is_pipeline_first_stage(),
                      post_process=parallel_state.is_pipeline_last_stage())
