@@ -38,6 +38,11 @@ from dataclasses import dataclass
 GIB = 1024**3
 
 
+def format_bytes(value: int) -> str:
+    """`1.50 GiB`, or MiB below one GiB."""
+    return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / 1024**2:.2f} MiB"
+
+
 @dataclass
 class MemoryEstimate:
     """Bytes per GPU of the most loaded rank (the first pipeline stage holding the embedding)."""

@@ -28,6 +28,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.arguments import ddp_config_from_args, optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
+from megatron.training.banner import print_startup_banner
 from megatron.training.checkpoint.dist_saving import finalize_async_save
 from megatron.training.checkpoint.format_conversion import save_in_converted_format
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
@@ -45,6 +46,7 @@ from megatron.training.global_vars import (
     get_wandb_writer,
 )
 from megatron.training.initialize import initialize_megatron
+from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.training_log import num_floating_point_operations, training_log
 
@@ -97,6 +99,7 @@ def pretrain(
         )
     timers("train/valid/test-data-iterators-setup").stop()
     timers.log(["model-and-optimizer-setup", "train/valid/test-data-iterators-setup"], barrier=True)
+    print_startup_banner(args, model, get_num_microbatches())
 
     iteration = args.iteration
     if not args.skip_train and args.do_train:
@@ -335,6 +338,8 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
 
     iteration = args.iteration
     bad_step_guard = BadStepGuard(args, iteration)
+    progress_log = ProgressLog(args)
+    progress_log.job_started()
     config.finalize_model_grads_func = bad_step_guard.wrap_finalize(finalize_model_grads, model)
 
     def save():
@@ -344,6 +349,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         # The logs up to a checkpoint survive a crash after it, so a resumed run's curves have no gap.
         if get_tensorboard_writer() is not None:
             get_tensorboard_writer().flush()
+        progress_log.checkpoint_saved(iteration, args)
         timers("interval-time", log_level=0).start(barrier=True)
 
     timers("interval-time", log_level=0).start(barrier=True)

@@ -5,6 +5,7 @@ elapsed time: tokens/s per GPU, TFLOP/s per GPU, and MFU against a stated dense 
 """
 
 import math
+import sys
 from datetime import datetime
 
 import torch
@@ -15,6 +16,7 @@ from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+from megatron.training.progress import progress_bar
 
 # Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -140,6 +142,8 @@ def training_log(
     if peak is not None:
         fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
     remaining = (args.train_iters - iteration) * seconds_per_iteration
+    if sys.stdout.isatty():
+        fields.append(progress_bar(iteration, args.train_iters))
     fields.append(f"time remaining: {_format_duration(remaining)}")
     fields.append(f"learning rate: {learning_rate:.6E}")
     if decoupled_learning_rate is not None:

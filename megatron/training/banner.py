@@ -1,0 +1,137 @@
+"""The start-up banner (rank 0): what this run is about to do, in one place, before the first iteration.
+
+    layout       world size = TP x PP x CP x DP (EP), and for every rank its host, coordinates and parameters
+    model        parameters in total; tokens per iteration; FLOPs per iteration
+    kernels      transformer implementation, attention backend and the SDPA kernels torch has enabled, fusions
+    environment  the NCCL / CUDA / torch variables that are set (and CUDA_DEVICE_MAX_CONNECTIONS either way)
+    data         each dataset of the blend with its weight and how many epochs of it the run will draw
+    memory       the estimated memory per GPU (memory_estimate.py), for the recompute setting in use
+
+Collective: every rank calls `print_startup_banner` (one all-gather of each rank's coordinates).
+"""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.doctor import ENVIRONMENT_VARIABLES
+from megatron.training.datasets.blend import get_blend_and_blend_per_split
+from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
+from megatron.training.training_log import num_floating_point_operations
+
+# Set or not, these change how a run behaves; the banner names them either way.
+_ALWAYS_SHOWN = ("CUDA_DEVICE_MAX_CONNECTIONS",)
+_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NVTE_", "FI_", "CUDA_")
+# Ranks listed one per line; a larger world is summarised.
+_MAX_LISTED_RANKS = 32
+
+
+def _rank_coordinates(model) -> dict:
+    return {
+        "rank": dist.get_rank(),
+        "host": socket.gethostname(),
+        "tp": parallel_state.get_tensor_model_parallel_rank(),
+        "pp": parallel_state.get_pipeline_model_parallel_rank(),
+        "dp": parallel_state.get_data_parallel_rank(),
+        "cp": parallel_state.get_context_parallel_rank(),
+        "ep": parallel_state.get_expert_model_parallel_rank(),
+        "parameters": sum(param.numel() for chunk in model for param in chunk.parameters()),
+    }
+
+
+def _layout_lines(args, ranks: list) -> list:
+    lines = [
+        f"layout: world size {args.world_size} = TP {args.tensor_model_parallel_size} x PP "
+        f"{args.pipeline_model_parallel_size} x CP {args.context_parallel_size} x DP {args.data_parallel_size}"
+        f" (EP {args.expert_model_parallel_size})"
+    ]
+    for entry in ranks[:_MAX_LISTED_RANKS]:
+        lines.append(
+            f"  rank {entry['rank']:4d} on {entry['host']}: tp {entry['tp']} pp {entry['pp']} dp {entry['dp']} "
+            f"cp {entry['cp']} ep {entry['ep']}, {entry['parameters']:,} parameters"
+        )
+    if len(ranks) > _MAX_LISTED_RANKS:
+        counts = [entry["parameters"] for entry in ranks]
+        lines.append(f"  ... {len(ranks) - _MAX_LISTED_RANKS} more ranks; parameters per rank from {min(counts):,} "
+                     f"to {max(counts):,}")
+    return lines
+
+
+def _kernel_lines(args) -> list:
+    lines = [f"kernels: --transformer-impl {args.transformer_impl}, --attention-backend {args.attention_backend}"]
+    if torch.cuda.is_available():
+        enabled = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
+                                         ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
+                                         ("efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                         ("math", torch.backends.cuda.math_sdp_enabled())) if on]
+        lines.append(f"  attention: torch SDPA on {torch.cuda.get_device_name()}, kernels enabled: "
+                     f"{', '.join(enabled)}")
+    else:
+        lines.append("  attention: torch SDPA, CPU kernels (flash, or math when attention dropout is on)")
+    fusions = [name for name in ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
+                                 "masked_softmax_fusion", "gradient_accumulation_fusion") if getattr(args, name, False)]
+    lines.append(f"  fusions asked for: {', '.join(fusions) or 'none'}")
+    return lines
+
+
+def _environment_lines() -> list:
+    names = sorted({*ENVIRONMENT_VARIABLES, *(name for name in os.environ if name.startswith(_PREFIXES))})
+    shown = [f"{name}={os.environ[name]}" for name in names if name in os.environ]
+    shown += [f"{name} unset" for name in _ALWAYS_SHOWN if name not in os.environ]
+    return ["environment: " + (", ".join(shown) or "no NCCL/CUDA/torch variables set")]
+
+
+def _data_lines(args) -> list:
+    """Each dataset's weight and the epochs of it that `--train-iters` x global batch will draw."""
+    if args.mock_data:
+        return ["data: --mock-data"]
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    if blend is None and not blend_per_split:
+        return ["data: provided by the entry script"]
+    prefixes, weights = blend if blend is not None else blend_per_split[0]
+    weights = weights or [1.0] * len(prefixes)
+    split = [float(part) for part in (args.split or "1").replace("/", ",").split(",") if part.strip()]
+    train_fraction = split[0] / sum(split) if blend is not None else 1.0
+    train_tokens = args.train_iters * args.global_batch_size * args.seq_length
+    lines = [f"data (train): {train_tokens:,} tokens over {len(prefixes)} dataset(s)"]
+    for prefix, weight in zip(prefixes, weights):
+        share = weight / sum(weights)
+        available = int(IndexedDataset(prefix).index.sequence_lengths.sum()) * train_fraction
+        epochs = share * train_tokens / available if available else float("inf")
+        lines.append(f"  weight {share:.3f}  {epochs:8.3f} epochs of {available:,.0f} tokens  {prefix}")
+    return lines
+
+
+def banner_lines(args, ranks: list, num_microbatches: int) -> list:
+    """The banner's lines, from validated args and every rank's coordinates."""
+    tokens = args.global_batch_size * args.seq_length
+    estimate = estimate_memory(args, num_microbatches)
+    recompute = args.recompute_granularity == "full"
+    memory = estimate.total_full_recompute if recompute else estimate.total
+    return [
+        "-------------------- start-up banner --------------------",
+        *_layout_lines(args, ranks),
+        f"model: {total_parameters(args):,} parameters; {tokens:,} tokens per iteration "
+        f"({args.global_batch_size} sequences of {args.seq_length}); "
+        f"{num_floating_point_operations(args, args.global_batch_size):.3e} FLOPs per iteration",
+        *_kernel_lines(args),
+        *_environment_lines(),
+        *_data_lines(args),
+        f"memory per GPU (estimate, first pipeline stage{', full recompute' if recompute else ''}): "
+        f"{format_bytes(memory)} = weights {format_bytes(estimate.weights)} + gradients "
+        f"{format_bytes(estimate.gradients)} + optimizer {format_bytes(estimate.optimizer)} + activations "
+        f"{format_bytes(estimate.activations_full_recompute if recompute else estimate.activations)}",
+        "---------------------------------------------------------",
+    ]
+
+
+def print_startup_banner(args, model: list, num_microbatches: int) -> None:
+    """Gathers every rank's coordinates and prints the banner on rank 0 (collective)."""
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, _rank_coordinates(model))
+    if dist.get_rank() == 0:
+        print("\n".join(banner_lines(args, ranks, num_microbatches)), flush=True)

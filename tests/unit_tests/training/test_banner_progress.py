@@ -1,0 +1,76 @@
+"""Start-up banner lines (layout, environment, data blend epochs) and the progress bar / progress.txt."""
+
+import numpy as np
+
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.training.arguments import parse_args, validate_args
+from megatron.training.banner import banner_lines
+from megatron.training.progress import ProgressLog, progress_bar
+
+FLAGS = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
+         "--micro-batch-size 2 --global-batch-size 4 --train-iters 25 --lr 1e-3 --tokenizer-type NullTokenizer "
+         "--vocab-size 128").split()
+
+
+def _dataset(prefix: str, tokens: int) -> str:
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    builder.add_document(np.arange(tokens) % 100, [tokens])
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def _args(monkeypatch, *flags):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    args = validate_args(parse_args(args_list=[*FLAGS, *flags]))
+    args.padded_vocab_size = 128
+    return args
+
+
+def _ranks(count: int) -> list:
+    return [{"rank": rank, "host": "node", "tp": 0, "pp": 0, "dp": rank, "cp": 0, "ep": 0, "parameters": 1000 + rank}
+            for rank in range(count)]
+
+
+def test_banner_names_each_dataset_with_weight_and_epochs(tmp_path, monkeypatch):
+    small, large = _dataset(str(tmp_path / "small"), 400), _dataset(str(tmp_path / "large"), 3200)
+    args = _args(monkeypatch, "--data-path", "1", small, "3", large, "--split", "100,0,0")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    text = "\n".join(banner_lines(args, _ranks(2), num_microbatches=2))
+    # 25 iterations x 4 sequences x 16 tokens = 1600 tokens: a quarter from `small` (400 tokens, 1 epoch),
+    # three quarters from `large` (1200 of 3200 tokens, 0.375 epochs).
+    assert "data (train): 1,600 tokens over 2 dataset(s)" in text
+    assert f"weight 0.250     1.000 epochs of 400 tokens  {small}" in text
+    assert f"weight 0.750     0.375 epochs of 3,200 tokens  {large}" in text
+    assert "NCCL_DEBUG=INFO" in text and "CUDA_DEVICE_MAX_CONNECTIONS unset" in text
+    assert "rank    1 on node: tp 0 pp 0 dp 1 cp 0 ep 0, 1,001 parameters" in text
+    assert "64 tokens per iteration (4 sequences of 16)" in text
+
+
+def test_banner_summarises_a_large_world(monkeypatch):
+    text = "\n".join(banner_lines(_args(monkeypatch, "--mock-data"), _ranks(40), num_microbatches=2))
+    assert "rank   31 on node" in text and "rank   32 on node" not in text
+    assert "... 8 more ranks; parameters per rank from 1,000 to 1,039" in text
+
+
+def test_progress_bar():
+    assert progress_bar(0, 10) == "[--------------------]   0%"
+    assert progress_bar(45, 100) == "[#########-----------]  45%"
+    assert progress_bar(7, 7, width=4) == "[####] 100%"
+
+
+def test_progress_file_has_megatrons_format(tmp_path, monkeypatch):
+    args = _args(monkeypatch, "--mock-data", "--save", str(tmp_path), "--save-interval", "5", "--log-progress")
+    args.num_floating_point_operations_so_far = 0.0
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    log = ProgressLog(args)
+    log.job_started()
+    args.num_floating_point_operations_so_far, args.consumed_train_samples = 2.5e9, 20
+    log.checkpoint_saved(5, args)
+    lines = (tmp_path / "progress.txt").read_text().splitlines()
+    assert [line.split("\t")[1:3] for line in lines] == [["Job ID: 4242", "# GPUs: 1"]] * 2
+    assert lines[0].endswith("\tStarting job")
+    fields = lines[1].split("\t")[3:]
+    assert fields[:2] == ["Saved checkpoint", "Iteration: 5"] and fields[2].startswith("Job throughput: ")
+    assert fields[3:] == ["Floating-point operations: 2.50e+09", "Tokens (in billions): 0.00"]
