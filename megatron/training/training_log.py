@@ -23,21 +23,27 @@ _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10
 
 
 def num_floating_point_operations(args, batch_size: int) -> float:
-    """Model FLOPs of one iteration (forward + backward) of a dense GPT, Megatron's formula:
+    """Model FLOPs of one iteration (forward + backward) of a GPT, Megatron's formula:
 
-        B*s*[12*L*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]
+        B*s*[12*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]
 
-    B sequences, s tokens, L layers, h hidden, f ffn, g = 1.5 with SwiGLU (three GEMMs of f) else 1,
+    B sequences, s tokens, L layers, h hidden, g = 1.5 with SwiGLU (three GEMMs of f) else 1,
     r = kv_channels*heads/h, q = query groups/heads, V padded vocab; attention counted causally (s/2h).
+    f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers count
+    ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible).
     """
     s, h, L = args.seq_length, args.hidden_size, args.num_layers
-    f = args.ffn_hidden_size
+    f = L * args.ffn_hidden_size
+    if getattr(args, "num_experts", None) is not None:
+        moe_layers = sum(moe_layer_pattern(L, args.moe_layer_freq))
+        moe_width = args.moe_router_topk * args.moe_ffn_hidden_size + (args.moe_shared_expert_intermediate_size or 0)
+        f = (L - moe_layers) * args.ffn_hidden_size + moe_layers * moe_width
     g = 1.5 if args.swiglu else 1.0
     r = args.kv_channels * args.num_attention_heads / h
     groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
     q = groups / args.num_attention_heads
     return batch_size * s * (
-        12 * L * h * f * g + 12 * L * h * h * r * (1 + q + s / (2 * h)) + 6 * h * args.padded_vocab_size
+        12 * h * f * g + 12 * L * h * h * r * (1 + q + s / (2 * h)) + 6 * h * args.padded_vocab_size
     )
 
 
