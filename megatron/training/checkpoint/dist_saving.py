@@ -16,6 +16,7 @@ leaves the previous checkpoint "latest".
 
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
@@ -95,12 +96,10 @@ def finalize_async_save(blocking: bool = True) -> None:
     if _pending_save is None:
         return
     if not blocking:
-        done = [_pending_save.is_done()]
+        done = torch.tensor([int(_pending_save.is_done())], device=parallel_state.collective_device())
         if dist.is_initialized():
-            everywhere = [None] * dist.get_world_size()
-            dist.all_gather_object(everywhere, done[0])
-            done = everywhere
-        if not all(done):
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if not done.item():
             return
     request, _pending_save = _pending_save, None
     request.finalize()

@@ -1,10 +1,11 @@
 """--ckpt-format torch_dist through save_checkpoint / load_checkpoint on one rank: the directory Megatron-LM
 writes (metadata.json, common.pt, DCP files), an exact resume (model, bf16 main params, Adam, scheduler,
-RNG, counters), --async-save (a snapshot; "latest" only once finalised), format detection and
---ckpt-convert-format."""
+RNG, counters), --async-save (a snapshot; "latest" only once finalised, blocking or polled), format
+detection and --ckpt-convert-format."""
 
 import json
 import os
+import time
 
 import pytest
 
@@ -62,8 +63,14 @@ def test_async_save_writes_a_snapshot_and_is_latest_once_finalised(tmp_path):
     saved = model_state(model)
     assert not (tmp_path / "latest_checkpointed_iteration.txt").exists()
     train_steps(model, optimizer, scheduler, args, 1, 1)  # changes the weights while the thread writes
-    finalize_async_save()
+    # The training loop polls without blocking: the tracker flips once the write has finished.
+    for _ in range(1200):
+        finalize_async_save(blocking=False)
+        if (tmp_path / "latest_checkpointed_iteration.txt").exists():
+            break
+        time.sleep(0.05)
     assert _tracker(tmp_path) == "1"
+    finalize_async_save()  # nothing left to finish
 
     model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
     load_checkpoint([model], optimizer, scheduler, args=args)
