@@ -4,6 +4,7 @@
     model        parameters in total; tokens per iteration; FLOPs per iteration
     kernels      transformer implementation, attention backend and the SDPA kernels torch has enabled, fusions
     environment  the NCCL / CUDA / torch variables that are set (and CUDA_DEVICE_MAX_CONNECTIONS either way)
+    signals      what --exit-signal does, and what torchrun passes on and how long it waits
     data         each dataset of the blend with its weight and how many epochs of it the run will draw
     memory       the estimated memory per GPU (memory_estimate.py), for the recompute setting in use
 
@@ -85,6 +86,16 @@ def _environment_lines() -> list:
     return ["environment: " + (", ".join(shown) or "no NCCL/CUDA/torch variables set")]
 
 
+def _signal_lines(args) -> list:
+    if not args.exit_signal_handler:
+        return ["signals: --exit-signal-handler is off (a preemption signal kills the run; resume from the last "
+                "checkpoint)"]
+    name = getattr(args.exit_signal, "name", args.exit_signal)
+    return [f"signals: {name} saves a checkpoint at the end of the iteration and exits 0; under torchrun the "
+            f"launcher passes on only the signals of --signals-to-handle (default SIGTERM,SIGINT,SIGHUP,SIGQUIT) "
+            "and kills the ranks after --shutdown-timeout (default 30 s)"]
+
+
 def _data_lines(args) -> list:
     """Each dataset's weight and the epochs of it that `--train-iters` x global batch will draw."""
     if args.mock_data:
@@ -120,6 +131,7 @@ def banner_lines(args, ranks: list, num_microbatches: int) -> list:
         f"{num_floating_point_operations(args, args.global_batch_size):.3e} FLOPs per iteration",
         *_kernel_lines(args),
         *_environment_lines(),
+        *_signal_lines(args),
         *_data_lines(args),
         f"memory per GPU (estimate, first pipeline stage{', full recompute' if recompute else ''}): "
         f"{format_bytes(memory)} = weights {format_bytes(estimate.weights)} + gradients "
