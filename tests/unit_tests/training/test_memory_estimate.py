@@ -10,16 +10,14 @@ import weakref
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import get_megatron_optimizer
-from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.module import Float16Module
 from megatron.training.arguments import (
     core_transformer_config_from_args,
@@ -29,6 +27,7 @@ from megatron.training.arguments import (
     validate_args,
 )
 from megatron.training.memory_estimate import estimate_memory, parameters_per_rank, total_parameters
+from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
 
 VOCAB, SEQ, BATCH = 256, 128, 4
 BASE = (f"--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length {SEQ} --max-position-embeddings "
@@ -61,20 +60,8 @@ class PeakTensorMemory(TorchDispatchMode):
         return out
 
 
-@pytest.fixture
-def single_rank(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1)
-    yield
-    get_cuda_rng_tracker().reset()
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-
 def _args(*flags):
+    model_parallel_cuda_manual_seed(1)
     args = validate_args(parse_args(args_list=[*BASE, *flags]))
     args.padded_vocab_size = VOCAB
     return args
