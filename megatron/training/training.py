@@ -376,6 +376,8 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                 f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
             )
             timers("interval-time", log_level=0).start(barrier=True)
+        if args.async_save:
+            finalize_async_save(blocking=False)  # a finished background save becomes "latest" now, not at the next
         exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
         if exit_code is not None:
             return iteration, exit_code

@@ -27,6 +27,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from megatron.core.dist_checkpointing.strictness import report_unexpected
+
 # (global key, offset of the box in the global tensor)
 BoxId = Tuple[str, Tuple[int, ...]]
 
@@ -94,15 +96,17 @@ class ShardedSavePlanner(SavePlanner):
 
 class ShardedLoadPlanner(LoadPlanner):
     """Reads into `boxes` (views of live tensors, filled in place) and the objects named `object_keys`
-    (returned in `loaded_objects`). Keys absent from the checkpoint, and global shapes that differ, raise
-    a ValueError while planning, which DCP reports from every rank."""
+    (returned in `loaded_objects`). Global shapes that differ raise a ValueError while planning, which DCP
+    reports from every rank; keys absent from the checkpoint (`unexpected_keys`) too, or are skipped, as
+    the strictness policy says (strictness.py)."""
 
-    def __init__(self, checkpoint_dir: str, boxes: List[TensorBox], object_keys: List[str]):
-        self.checkpoint_dir = checkpoint_dir
+    def __init__(self, checkpoint_dir: str, boxes: List[TensorBox], object_keys: List[str],
+                 strict: str = "assume_ok_unexpected"):
+        self.checkpoint_dir, self.strict = checkpoint_dir, strict
         self.boxes = {(box.key, box.offset): box for box in boxes}
         self.object_keys = object_keys
         self.loaded_objects: Dict[str, object] = {}
-        self.missing_keys: List[str] = []
+        self.unexpected_keys: List[str] = []
         self.shape_mismatches: List[str] = []
 
     def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
@@ -125,31 +129,23 @@ class ShardedLoadPlanner(LoadPlanner):
         items: List[ReadItem] = []
         for box in self.boxes.values():
             if box.key not in saved:
-                self.missing_keys.append(box.key)
+                self.unexpected_keys.append(box.key)
                 continue
             chunk = self._chunk(box, saved[box.key].size)
             if chunk is not None and all(chunk.sizes):
                 items += create_read_items_for_chunk_list(box.key, saved[box.key], [chunk])
         for key in self.object_keys:
             if key not in saved:
-                self.missing_keys.append(key)
+                self.unexpected_keys.append(key)
                 continue
             items.append(_object_read_item(key))
-        self._raise_problems()
+        if self.shape_mismatches:
+            raise ValueError(f"distributed checkpoint {self.checkpoint_dir} does not fit this model: global shapes "
+                             "differ: " + "; ".join(self.shape_mismatches[:8]))
+        self.unexpected_keys = sorted(set(self.unexpected_keys))
+        report_unexpected(self.strict, self.checkpoint_dir, self.unexpected_keys)
         self.plan = LoadPlan(items)
         return self.plan
-
-    def _raise_problems(self) -> None:
-        problems = []
-        if self.missing_keys:
-            shown, more = ", ".join(sorted(self.missing_keys)[:8]), len(self.missing_keys) - 8
-            problems.append(f"keys missing from the checkpoint: {shown}" + (f" and {more} more" if more > 0 else ""))
-        if self.shape_mismatches:
-            problems.append("global shapes differ: " + "; ".join(self.shape_mismatches[:8]))
-        if problems:
-            raise ValueError(
-                f"distributed checkpoint {self.checkpoint_dir} does not fit this model: " + ". ".join(problems)
-            )
 
     def create_global_plan(self, global_plan: List[LoadPlan]) -> List[LoadPlan]:
         return global_plan

@@ -25,6 +25,12 @@ from megatron.core.atomic_write import write_atomically
 from megatron.core.dist_checkpointing.async_save import AsyncSaveRequest
 from megatron.core.dist_checkpointing.dcp_planners import ShardedLoadPlanner, ShardedSavePlanner, TensorBox
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
+from megatron.core.dist_checkpointing.strictness import (
+    check_strictness,
+    looks_for_missing,
+    report_missing,
+    returns_mismatches,
+)
 
 METADATA_FILENAME = "metadata.json"
 COMMON_FILENAME = "common.pt"
@@ -146,26 +152,47 @@ def load_common_state_dict(checkpoint_dir) -> dict:
     return torch.load(os.path.join(checkpoint_dir, COMMON_FILENAME), map_location="cpu", weights_only=False)
 
 
-def load(state_dict: dict, checkpoint_dir: str) -> dict:
+def _missing_keys(checkpoint_dir, requested: set, process_group) -> List[str]:
+    """Checkpoint keys that no rank asked for (collective: the ranks' requests are gathered)."""
+    everyone = [requested]
+    if process_group is not None:
+        everyone = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(everyone, requested, group=process_group)
+    saved = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    return sorted(set(saved) - set().union(*everyone))
+
+
+def load(state_dict: dict, checkpoint_dir: str, strict: str = "assume_ok_unexpected"):
     """Loads `checkpoint_dir` into the sharded leaves of `state_dict` (collective over all ranks).
 
     ShardedTensors are filled in place (their data are usually the live parameters); the returned dict
     has the loaded tensors and objects in place of the sharded leaves, merged with the common part.
-    Keys missing from the checkpoint and global shapes that differ (other than padded dims marked
-    `allow_shape_mismatch`) raise a ValueError naming them; extra keys in the checkpoint are ignored.
+    Global shapes that differ (other than padded dims marked `allow_shape_mismatch`) raise a ValueError
+    naming them; keys that do not match are handled as `strict` says (strictness.py): by default keys
+    missing from the checkpoint raise and extra ones are ignored. With strict "return_unexpected" /
+    "return_all" the result is (dict, unexpected keys, missing keys), as in Megatron-Core.
     """
+    check_strictness(strict)
     common = load_common_state_dict(checkpoint_dir)
     _, tensors, objects = split_state_dict(state_dict)
     boxes = [
         TensorBox(tensor.key, offset, data, tensor.global_shape, tensor.allow_shape_mismatch)
         for tensor in tensors for offset, data in tensor.boxes()
     ]
-    planner = ShardedLoadPlanner(checkpoint_dir, boxes, [item.unique_key for item in objects])
+    object_keys = [item.unique_key for item in objects]
     process_group = _process_group()
+    missing = []
+    if looks_for_missing(strict):
+        missing = _missing_keys(checkpoint_dir, {box.key for box in boxes} | set(object_keys), process_group)
+        report_missing(strict, checkpoint_dir, missing)
+    planner = ShardedLoadPlanner(checkpoint_dir, boxes, object_keys, strict)
     try:
         dcp.load({}, storage_reader=dcp.FileSystemReader(checkpoint_dir), planner=planner,
                  process_group=process_group, no_dist=process_group is None)
     except CheckpointException as error:
         causes = {str(failure[0] if isinstance(failure, tuple) else failure) for failure in error.failures.values()}
         raise ValueError("; ".join(sorted(causes))) from error
-    return _merge_loaded(state_dict, common, planner.loaded_objects)
+    merged = _merge_loaded(state_dict, common, planner.loaded_objects)
+    if returns_mismatches(strict):
+        return merged, planner.unexpected_keys, missing
+    return merged

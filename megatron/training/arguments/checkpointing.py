@@ -2,11 +2,7 @@
 
 import argparse
 
-# Megatron's `StrictHandling` values (dist_checkpointing/validation.py), in its order.
-DIST_CKPT_STRICTNESS = (
-    "assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
-    "return_unexpected", "return_all", "ignore_all",
-)
+from megatron.core.dist_checkpointing.strictness import STRICT_HANDLING
 
 
 def _add_checkpointing_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -54,8 +50,8 @@ def _add_checkpointing_args(parser: argparse.ArgumentParser) -> argparse.Argumen
                        help="Spread distributed-checkpoint reads over data-parallel ranks.")
     group.add_argument("--async-save", action="store_true", default=None,
                        help="Write torch_dist checkpoints in the background.")
-    group.add_argument("--dist-ckpt-strictness", default="assume_ok_unexpected", choices=DIST_CKPT_STRICTNESS,
-                       help="Key-mismatch policy when loading a distributed checkpoint.")
+    group.add_argument("--dist-ckpt-strictness", default="assume_ok_unexpected", choices=STRICT_HANDLING,
+                       help="Key-mismatch policy when loading a torch_dist checkpoint (Megatron-Core's StrictHandling).")
     group.add_argument("--non-persistent-save-interval", type=int, default=None,
                        help="Iterations between non-persistent (rolling) saves.")
     group.add_argument("--non-persistent-ckpt-type", default=None, choices=["global", "local", "in_memory"],

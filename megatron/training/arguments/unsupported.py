@@ -46,8 +46,6 @@ UNSUPPORTED = (
     Unsupported("--ckpt-format", "is not supported yet; use torch_dist or torch", ("torch_dcp", "fsdp_dtensor")),
     Unsupported("--ckpt-fully-parallel-load", "reading a distributed checkpoint once per data-parallel group and "
                                               "exchanging it is not supported yet (every rank reads its own pieces)"),
-    Unsupported("--dist-ckpt-strictness", "key-mismatch policies other than assume_ok_unexpected (missing keys "
-                                          "raise, unexpected ones are ignored) are not supported yet"),
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
     Unsupported("--adlr-autoresume", "ADLR autoresume needs NVIDIA's internal cluster library"),

@@ -16,6 +16,7 @@ import os
 from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict
 from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import optimizer_sharded_state_dict, prepare_optimizer_for_load
+from megatron.core.dist_checkpointing.strictness import describe, returns_mismatches
 from megatron.training.checkpoint.dist_saving import rng_sharded_object
 from megatron.training.checkpoint.state_dict import model_chunks, model_state_key
 from megatron.training.console import print_rank_0
@@ -94,7 +95,14 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
     restore_rng = load_rng and _can_restore_rng(state_dict, args)
     if restore_rng:
         request["rng_state"] = rng_sharded_object(None, args.data_parallel_random_init)
-    loaded = load(request, checkpoint_dir)
+    strict = args.dist_ckpt_strictness
+    loaded = load(request, checkpoint_dir, strict=strict)
+    if returns_mismatches(strict):
+        loaded, unexpected, missing = loaded
+        print_rank_0(f" --dist-ckpt-strictness {strict}: keys this model has that {checkpoint_dir} lacks: "
+                     f"{describe(unexpected) or 'none'}; checkpoint keys not loaded: {describe(missing) or 'none'}")
+    # A non-strict load may have skipped the RNG state of this layout.
+    restore_rng = restore_rng and loaded["rng_state"] is not None
     if restore_rng:
         state_dict["rng_state"] = loaded["rng_state"]
     return restore_rng

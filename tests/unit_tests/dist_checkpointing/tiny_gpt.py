@@ -1,7 +1,8 @@
 """A tiny GPTModel (4 layers, SwiGLU, 2 key/value groups, RoPE, RMSNorm, tied embeddings; optionally MoE)
-trained under a chosen TP x PP (x EP) layout on the ranks of the current process group, with Megatron-Core's path (GPTModel
-stages, DDP, the schedule of `get_forward_backward_func`, finalize_model_grads, get_megatron_optimizer),
-for the checkpoint tests. Fixed global batches of 8 sequences, split over the data-parallel ranks.
+trained under a chosen TP x PP (x EP) layout on the ranks of the current process group, with Megatron-Core's
+path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`, finalize_model_grads,
+get_megatron_optimizer), for the checkpoint tests. Fixed global batches of 8 sequences, split over the
+data-parallel ranks.
 """
 
 import torch
