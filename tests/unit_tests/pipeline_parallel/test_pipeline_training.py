@@ -24,7 +24,6 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -38,6 +37,8 @@ from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.training.tasks import gpt as gpt_task
+from tests.unit_tests.reference_training import adamw_reference_steps
+from tests.unit_tests.tensor_parallel.test_tensor_parallel_training import MODELS as TP_MODELS
 from tests.unit_tests.tensor_parallel.test_tensor_parallel_training import (
     _COLUMNS_SPLIT,
     _ROWS_SPLIT,
@@ -50,18 +51,9 @@ LR, WEIGHT_DECAY, CLIP = 3e-3, 0.01, 0.5
 TOLERANCE, WEIGHT_TOLERANCE = 2e-5, 1e-4
 POSITIONS = torch.arange(SEQ).expand(MICRO_BATCH, SEQ)
 
+# The tensor-parallel test's GPT-2-like and Llama-like models, with 4 layers.
 MODELS = {
-    "gpt2": dict(
-        config=dict(num_layers=4, hidden_size=32, num_attention_heads=4),
-        model=dict(share_embeddings_and_output_weights=True),
-    ),
-    "llama": dict(
-        config=dict(
-            num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
-            normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-        ),
-        model=dict(position_embedding_type="rope", share_embeddings_and_output_weights=False),
-    ),
+    name: dict(config={**spec["config"], "num_layers": 4}, model=spec["model"]) for name, spec in TP_MODELS.items()
 }
 
 # (model, world size, parallel layout)
@@ -84,27 +76,17 @@ def _global_batches():
     return batches
 
 
+def _reference_loss(model, batch) -> torch.Tensor:
+    tokens, labels = batch
+    return model(tokens, POSITIONS[:1].expand(GLOBAL_BATCH, SEQ), None, labels=labels).mean()
+
+
 def _reference_run(name: str) -> list[dict]:
     torch.manual_seed(11)
     config = TransformerConfig(**MODELS[name]["config"], use_cpu_initialization=True, hidden_dropout=0.0,
                                attention_dropout=0.0)
     model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, **MODELS[name]["model"])
-    decayed = [param for param in model.parameters() if param.dim() > 1]
-    others = [param for param in model.parameters() if param.dim() <= 1]
-    optimizer = torch.optim.AdamW(
-        [dict(params=decayed, weight_decay=WEIGHT_DECAY), dict(params=others, weight_decay=0.0)], lr=LR
-    )
-    steps = [dict(weights={key: value.clone() for key, value in model.state_dict().items()})]
-    for tokens, labels in _global_batches():
-        optimizer.zero_grad()
-        loss = model(tokens, POSITIONS[:1].expand(GLOBAL_BATCH, SEQ), None, labels=labels).mean()
-        loss.backward()
-        grads = {key: param.grad.clone() for key, param in model.named_parameters()}
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
-        optimizer.step()
-        steps.append(dict(loss=loss.item(), grads=grads, grad_norm=grad_norm,
-                          weights={key: value.clone() for key, value in model.state_dict().items()}))
-    return steps
+    return adamw_reference_steps(model, _global_batches(), _reference_loss, LR, WEIGHT_DECAY, CLIP)
 
 
 def _shard(name: str, full: torch.Tensor, rank: int, size: int, glu: bool) -> torch.Tensor:

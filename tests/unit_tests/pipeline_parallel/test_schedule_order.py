@@ -2,7 +2,8 @@
 
 A toy stage (one Linear on [s, b, h]) logs "F<microbatch>" when it runs forward and, through an identity
 autograd function on its output, "B<microbatch>" when that output's backward runs; with virtual stages
-the chunk is appended ("F1.0" = microbatch 1 on chunk 0). The expected orders follow reference 9.4:
+the chunk is appended ("F1.0" = microbatch 1 on chunk 0). Every output sent to the next stage must have
+been freed by then (`deallocate_pipeline_outputs`). The expected orders follow reference 9.4:
 
 1F1B, stage p of P: min(P - p - 1, M) warm-up forwards, then one forward + one backward, then the rest.
 Interleaved, P = 2, v = 2, M = 4, G = 2: schedule table (microbatch, chunk) = (0,0) (1,0) (0,1) (1,1)
@@ -51,11 +52,13 @@ class _ToyStage(MegatronModule):
         return torch.tanh(self.linear(hidden))  # [s, b, h]
 
 
-def _forward_step(log, num_chunks, data_iterator, model):
+def _forward_step(log, outputs, num_chunks, data_iterator, model):
     microbatch, data = next(data_iterator)
     suffix = f".{model.vp_stage}" if num_chunks > 1 else ""
     log.append(f"F{microbatch}{suffix}")
     output = _Logged.apply(model(data), log, f"B{microbatch}{suffix}")
+    if not model.post_process:
+        outputs.append(output)
 
     def loss_func(output_tensor):
         loss = output_tensor.float().sum()
@@ -89,9 +92,9 @@ def _record_order(rank, world_size, num_microbatches, num_chunks):
     ]
     torch.manual_seed(0)
     data = [(index, torch.randn(SEQ, MICRO_BATCH, HIDDEN)) for index in range(num_microbatches)]
-    log = []
+    log, sent_outputs = [], []
     reports = get_forward_backward_func()(
-        forward_step_func=functools.partial(_forward_step, log, num_chunks),
+        forward_step_func=functools.partial(_forward_step, log, sent_outputs, num_chunks),
         data_iterator=[iter(data) for _ in model] if num_chunks > 1 else iter(data),
         model=model if num_chunks > 1 else model[0],
         num_microbatches=num_microbatches,
@@ -99,6 +102,8 @@ def _record_order(rank, world_size, num_microbatches, num_chunks):
         micro_batch_size=MICRO_BATCH,
     )
     parallel_state.destroy_model_parallel()
+    # Every output sent downstream was freed after sending (reduced to one element; backward still ran).
+    assert [output.numel() for output in sent_outputs] == [1] * len(sent_outputs)
     return log, len(reports)
 
 

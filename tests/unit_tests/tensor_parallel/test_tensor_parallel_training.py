@@ -31,6 +31,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
 from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.reference_training import adamw_reference_steps
 
 SEQ, MICRO_BATCH, GLOBAL_BATCH, VOCAB, STEPS = 16, 2, 4, 128, 3
 LR, WEIGHT_DECAY, CLIP = 3e-3, 0.01, 0.5
@@ -78,26 +79,14 @@ def _global_batches():
 POSITIONS = torch.arange(SEQ).expand(MICRO_BATCH, SEQ)
 
 
+def _reference_loss(model, batch) -> torch.Tensor:
+    tokens, labels = batch
+    return model(tokens, POSITIONS[:1].expand(GLOBAL_BATCH, SEQ), None, labels=labels).mean()
+
+
 def _reference_run(name: str) -> list[dict]:
     """TP=1, plain AdamW (no decay on biases and 1-D params, as Megatron) and clip_grad_norm_."""
-    model = _build(name, 1)
-    decayed = [param for param in model.parameters() if param.dim() > 1]
-    others = [param for param in model.parameters() if param.dim() <= 1]
-    optimizer = torch.optim.AdamW(
-        [dict(params=decayed, weight_decay=WEIGHT_DECAY), dict(params=others, weight_decay=0.0)], lr=LR,
-        betas=(0.9, 0.999), eps=1e-8,
-    )
-    steps = [dict(weights={key: value.clone() for key, value in model.state_dict().items()})]
-    for tokens, labels in _global_batches():
-        optimizer.zero_grad()
-        loss = model(tokens, POSITIONS[:1].expand(GLOBAL_BATCH, SEQ), None, labels=labels).mean()
-        loss.backward()
-        grads = {key: param.grad.clone() for key, param in model.named_parameters()}
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
-        optimizer.step()
-        steps.append(dict(loss=loss.item(), grads=grads, grad_norm=grad_norm,
-                          weights={key: value.clone() for key, value in model.state_dict().items()}))
-    return steps
+    return adamw_reference_steps(_build(name, 1), _global_batches(), _reference_loss, LR, WEIGHT_DECAY, CLIP)
 
 
 def _unsharded(name: str, tensor: torch.Tensor, group, world_size: int, glu: bool) -> torch.Tensor:

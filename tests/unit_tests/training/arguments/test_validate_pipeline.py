@@ -2,11 +2,10 @@
 
 import pytest
 
-# 8 layers on 4 ranks (PP 2 x DP 2), micro batch 2.
-BASE = (
-    "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
-    "--micro-batch-size 2 --train-iters 10 --lr 1e-3 --pipeline-model-parallel-size 2"
-).split()
+from .conftest import MINIMAL
+
+# 8 layers on 4 ranks (PP 2 x DP 2), micro batch 2 (a later flag overrides an earlier one).
+BASE = [*MINIMAL, "--num-layers", "8", "--pipeline-model-parallel-size", "2"]
 
 
 @pytest.fixture(autouse=True)
@@ -67,5 +66,5 @@ def test_pipeline_problems(problems, extra, expected):
 
 def test_virtual_stages_need_pipeline_parallelism(problems, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
-    message = problems(*BASE[:-1], "1", "--num-virtual-stages-per-pipeline-rank", "2")
+    message = problems(*BASE, "--pipeline-model-parallel-size", "1", "--num-virtual-stages-per-pipeline-rank", "2")
     assert "virtual pipeline stages" in message and "need --pipeline-model-parallel-size > 1" in message
