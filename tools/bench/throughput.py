@@ -2,7 +2,7 @@
 
     python tools/bench/throughput.py                          # every PERF.md configuration
     python tools/bench/throughput.py --configs gpt2-small --steps 40 --profile-dir /tmp/prof
-    python tools/bench/throughput.py --ours-extra "--no-bias-gelu-fusion"   # flags added to our runs
+    python tools/bench/throughput.py --variants "eager=;compiled=--use-torch-compile"   # our flag variants
 
 Each configuration runs in its own process, which times both models one after the other (so machine
 noise cancels in the ratio):
@@ -129,7 +129,8 @@ def run_ours(flags: str, options) -> tuple:
     tokens = args.micro_batch_size * args.seq_length
     result = figures(seconds, tokens, num_floating_point_operations(args, args.micro_batch_size))
     if options.profile_dir:
-        result["profile"] = profile_steps(step, 3, os.path.join(options.profile_dir, f"{options.child}-ours.txt"), "ours")
+        path = os.path.join(options.profile_dir, f"{options.child}-{options.label}.txt")
+        result["profile"] = profile_steps(step, 3, path, options.label)
     return result, args
 
 
@@ -175,20 +176,21 @@ def child(options) -> None:
 
 
 def table(results: list) -> str:
-    header = "| config | model | tokens/s/GPU | TFLOP/s | MFU | peak GiB | ours/ref |\n|---|---|---|---|---|---|---|"
-    lines = [header]
+    """One row per configuration and model: ours (each variant) with its ratio to the reference."""
+    lines = ["| config | model | tokens/s/GPU | TFLOP/s | MFU | peak GiB | vs reference |", "|---|---|---|---|---|---|---|"]
     for result in results:
-        ours, ref = result.get("ours", {}), result.get("reference", {})
-        ratio = f"{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if "tokens_per_s" in ours and "tokens_per_s" in ref else ""
-        for label, row, extra in (("ours", ours, ratio), ("reference", ref, "")):
-            if not row:
-                continue
+        reference = result["reference"] or {}
+        rows = [(label, row) for label, row in result["variants"]] + [("reference", reference)] * bool(reference)
+        for label, row in rows:
             if "error" in row:
                 lines.append(f"| {result['config']} | {label} | {row['error']} | | | | |")
                 continue
+            ratio = ""
+            if label != "reference" and "tokens_per_s" in reference:
+                ratio = f"{row['tokens_per_s'] / reference['tokens_per_s']:.2f}x"
             lines.append(
                 f"| {result['config']} | {label} | {row['tokens_per_s'] / 1e3:.1f}k | {row['tflops']:.1f} | "
-                f"{row['mfu']:.1%} | {row['peak_gib']:.1f} | {extra} |"
+                f"{row['mfu']:.1%} | {row['peak_gib']:.1f} | {ratio} |"
             )
     return "\n".join(lines)
 
@@ -196,14 +198,36 @@ def table(results: list) -> str:
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
+    parser.add_argument("--variants", default="ours=",
+                        help="our runs as 'label=extra pretrain_gpt.py flags', separated by ';'")
     parser.add_argument("--warmup", type=int, default=8, help="untimed steps first (compilation happens here)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps")
     parser.add_argument("--window", type=int, default=5, help="steps per timed window (median over windows)")
-    parser.add_argument("--ours-extra", default="", help="extra pretrain_gpt.py flags for our model")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--profile-dir", default=None, help="profile 3 steps of each model, tables written here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--label", default="ours", help=argparse.SUPPRESS)
+    parser.add_argument("--ours-extra", default="", help=argparse.SUPPRESS)
     return parser.parse_args()
+
+
+def run_child(options, name: str, label: str, flags: str, with_reference: bool) -> dict | None:
+    """Runs one configuration and variant (and the reference) in a fresh process; its RESULT dict."""
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, f"--label={label}",
+               f"--ours-extra={flags}", f"--warmup={options.warmup}", f"--steps={options.steps}",
+               f"--window={options.window}"]
+    command += ["--skip-reference"] * (not with_reference)
+    command += [f"--profile-dir={options.profile_dir}"] * bool(options.profile_dir)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        print(f"== {name} {label} failed (exit {done.returncode}):\n{done.stdout[-1500:]}\n{done.stderr[-2500:]}")
+        return None
+    result = json.loads(lines[-1][len("RESULT "):])
+    for key in ("ours", "reference"):
+        if "profile" in result.get(key, {}):
+            print(f"{name} {result[key]['profile']}")
+    return result
 
 
 def main() -> int:
@@ -214,26 +238,21 @@ def main() -> int:
     unknown = [name for name in options.configs.split(",") if name not in CONFIGS]
     if unknown:
         raise SystemExit(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
+    variants = [entry.partition("=")[::2] for entry in options.variants.split(";") if entry.strip()]
     if not torch.cuda.is_available():
         raise SystemExit("throughput.py measures GPU training: no CUDA device found")
     if options.profile_dir:
         os.makedirs(options.profile_dir, exist_ok=True)
     results = []
-    passthrough = [f"--warmup={options.warmup}", f"--steps={options.steps}", f"--window={options.window}",
-                   f"--ours-extra={options.ours_extra}"]
-    passthrough += ["--skip-reference"] * options.skip_reference
-    passthrough += [f"--profile-dir={options.profile_dir}"] * bool(options.profile_dir)
     for name in options.configs.split(","):
-        command = [sys.executable, os.path.abspath(__file__), "--child", name, *passthrough]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            print(f"== {name} failed (exit {done.returncode}):\n{done.stdout[-1500:]}\n{done.stderr[-2500:]}")
-            continue
-        results.append(json.loads(lines[-1][len("RESULT "):]))
-        for label in ("ours", "reference"):
-            if "profile" in results[-1].get(label, {}):
-                print(f"{name} {results[-1][label]['profile']}")
+        summary = {"config": name, "variants": [], "reference": None}
+        for index, (label, flags) in enumerate(variants):
+            result = run_child(options, name, label.strip(), flags, index == 0 and not options.skip_reference)
+            if result is None:
+                continue
+            summary["variants"].append((label.strip(), result["ours"]))
+            summary["reference"] = summary["reference"] or result.get("reference")
+        results.append(summary)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; MFU = TFLOP/s / {PEAK_TFLOPS:g}")
     print(table(results))
     return 0
