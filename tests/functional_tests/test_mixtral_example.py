@@ -1,6 +1,6 @@
-"""examples/mixtral/train_mixtral_8x7b.sh: Megatron-LM's Mixtral recipe as parsed, and a tiny run of it
+"""examples/mixtral/train_mixtral_8x7b.sh: Megatron-LM's Mixtral recipe as parsed, and tiny runs of it
 under torchrun on 2 CPU ranks with expert parallelism 2 (router losses logged, one checkpoint file per
-expert rank)."""
+expert rank, exact resume)."""
 
 import os
 import re
@@ -14,8 +14,8 @@ SCRIPT = "examples/mixtral/train_mixtral_8x7b.sh"
 TINY_MIXTRAL = [
     "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
     "--num-query-groups", "2", "--seq-length", "64", "--max-position-embeddings", "64",
-    "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "2", "--lr-warmup-iters", "0",
-    "--lr-decay-iters", "2", "--vocab-size", "512", "--num-workers", "0", "--eval-iters", "1",
+    "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4", "--lr-warmup-iters", "0",
+    "--lr-decay-iters", "4", "--vocab-size", "512", "--num-workers", "0", "--eval-iters", "1",
     "--save-interval", "2", "--num-experts", "4", "--pipeline-model-parallel-size", "1",
     "--expert-model-parallel-size", "2", "--moe-z-loss-coeff", "1e-3",
 ]
@@ -33,14 +33,27 @@ def test_mixtral_script_is_megatrons_recipe_on_32_gpus(tmp_path, monkeypatch):
     assert args.swiglu and args.normalization == "RMSNorm" and not args.add_bias_linear and args.bf16
 
 
-def test_mixtral_script_trains_with_expert_parallelism_on_two_cpu_ranks(tmp_path):
-    output = _run(["bash", os.path.join(ROOT, SCRIPT), "ckpt", "tb", "MOCK", "MOCK", *TINY_MIXTRAL], cwd=tmp_path,
-                  GPUS_PER_NODE="2")
-    assert re.search(r"iteration\s+2/\s+2 \|", output), output[-4000:]
+def _losses(output: str, name: str) -> dict:
+    return {int(step): float(value) for step, value in
+            re.findall(rf"iteration\s+(\d+)/\s+4 \|.*?\| {name}: ([0-9.E+-]+) \|", output)}
+
+
+def test_mixtral_script_trains_and_resumes_exactly_with_expert_parallelism_on_two_cpu_ranks(tmp_path):
+    """EP = 2 under torchrun: router losses on the console line and in TensorBoard, one checkpoint file per
+    expert rank, and 2 + 2 iterations through a checkpoint equal 4 straight ones (user-pain-points 21)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    straight.mkdir(), split.mkdir()
+    command = ["bash", os.path.join(ROOT, SCRIPT), "ckpt", "tb", "MOCK", "MOCK", *TINY_MIXTRAL]
+    output = _run(command, cwd=straight, GPUS_PER_NODE="2")
     for name in ("lm loss", "load_balancing_loss", "z_loss"):
-        values = [float(v) for v in re.findall(rf"\| {name}: ([0-9.E+-]+) \|", output)]
-        assert len(values) == 2, (name, output[-3000:])
-        assert sorted(read_scalars(str(tmp_path / "tb"), name)) == [1, 2]
+        assert sorted(_losses(output, name)) == [1, 2, 3, 4], (name, output[-3000:])
+        assert sorted(read_scalars(str(straight / "tb"), name)) == [1, 2, 3, 4]
     # One file per expert rank: mp_rank_{tp:02d}_{ep:03d}, each with its own two experts per layer.
     for ep_rank in (0, 1):
-        assert (tmp_path / "ckpt" / "iter_0000002" / f"mp_rank_00_{ep_rank:03d}" / "model_optim_rng.pt").exists()
+        assert (straight / "ckpt" / "iter_0000004" / f"mp_rank_00_{ep_rank:03d}" / "model_optim_rng.pt").exists()
+
+    first = _run(command + ["--exit-interval", "2"], cwd=split, GPUS_PER_NODE="2")
+    second = _run(command, cwd=split, GPUS_PER_NODE="2")
+    resumed = {**_losses(first, "lm loss"), **_losses(second, "lm loss")}
+    assert sorted(_losses(second, "lm loss")) == [3, 4]
+    assert resumed == _losses(output, "lm loss")
