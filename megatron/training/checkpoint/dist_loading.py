@@ -81,6 +81,11 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
     """Loads the model (and the optimizer's state with `load_optimizer`) from `checkpoint_dir` in place;
     with `load_rng`, puts the saved RNG state under state_dict["rng_state"] when this layout can use it.
     Returns whether it did. Collective."""
+    if load_rng and getattr(state_dict.get("args"), "no_save_rng", False):
+        raise ValueError(
+            f"checkpoint {checkpoint_dir} has no RNG state (it was saved with --no-save-rng); pass --no-load-rng "
+            "(or --finetune) to start from this run's seeds instead"
+        )
     chunks = model_chunks(model)
     request = {model_state_key(index, len(chunks)): model_sharded_state_dict(chunk)
                for index, chunk in enumerate(chunks)}

@@ -101,3 +101,19 @@ def test_format_mismatch_is_named_and_auto_detected_or_converted(tmp_path):
     model, optimizer, scheduler, args = _fresh(tmp_path / "converted" / "torch_dist", "--ckpt-format", "torch_dist")
     assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
     assert_same(model_state(model), saved)
+
+
+def test_a_checkpoint_without_rng_or_optimizer_names_the_flag_to_pass(tmp_path):
+    args = make_args("--bf16", "--ckpt-format", "torch_dist", "--save", tmp_path, "--no-save-rng", "--no-save-optim")
+    model, optimizer, scheduler = build_run(args, 1234)
+    save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
+    with pytest.raises(ValueError, match="no RNG state \\(it was saved with --no-save-rng\\); pass --no-load-rng"):
+        load_checkpoint([model], optimizer, scheduler, args=args)
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist", "--no-load-rng")
+    with pytest.raises(ValueError, match="has no optimizer state \\(was it saved with --no-save-optim\\?\\); pass "
+                                         "--no-load-optim"):
+        load_checkpoint([model], optimizer, scheduler, args=args)
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist", "--no-load-rng",
+                                               "--no-load-optim")
+    assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
