@@ -25,6 +25,9 @@ _READY_GROUPS = set()
 
 def pipeline_tensor_shape(config, seq_length: int, micro_batch_size: int) -> tuple[int, int, int]:
     """[s, b, h] of the activations passed between stages, split like the activations themselves."""
+    if config.variable_seq_lengths:
+        raise ValueError("variable_seq_lengths=True is not supported yet with pipeline parallelism: the stages "
+                         "exchange activations of the fixed shape [seq_length, micro_batch_size, hidden_size]")
     seq = seq_length // parallel_state.get_context_parallel_world_size()
     if config.sequence_parallel:
         seq //= parallel_state.get_tensor_model_parallel_world_size()

@@ -5,19 +5,23 @@ the same number of ranks share it."""
 import pytest
 
 from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.pipeline_parallel.test_p2p_communication import _exchange
 from tests.unit_tests.pipeline_parallel.test_pipeline_training import MODELS, _layouts_of_world, _reference_run
 from tests.unit_tests.pipeline_parallel.test_schedule_order import ORDER_CASES, _record_order
 
 
 def _checks_of_world(rank, world_size, references):
     orders = {case: _record_order(rank, world_size, *case[1:]) for case in ORDER_CASES if case[0] == world_size}
-    return {"orders": orders, "training": _layouts_of_world(rank, world_size, references)}
+    checks = {"orders": orders, "training": _layouts_of_world(rank, world_size, references)}
+    if world_size == 2:
+        checks["p2p"] = _exchange(rank, world_size)
+    return checks
 
 
 @pytest.fixture(scope="session")
 def pipeline_ranks():
     """pipeline_ranks(world_size) -> every rank's {"orders": {case: (log, reports)}, "training": {layout:
-    worst errors}}, spawned once per world size."""
+    worst errors}} (and "p2p" on 2 ranks), spawned once per world size."""
     references = {name: _reference_run(name) for name in MODELS}
     results = {}
 
