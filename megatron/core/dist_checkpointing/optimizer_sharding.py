@@ -21,7 +21,7 @@ import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.model_sharding import TensorPiece, model_tensor_pieces
 from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
-from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer.distrib_optimizer import _IMPLEMENTATION_KEYS, DistributedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.optimizer.param_groups import reorder_saved_param_groups
 
@@ -80,7 +80,10 @@ def prepare_optimizer_for_load(optimizer, common: List[dict]) -> None:
         order = reorder_saved_param_groups(inner.param_groups, saved["param_groups"], match_sizes=False)
         state, groups, index = {}, [], 0
         for group, saved_index in zip(inner.param_groups, order):
-            hyper = {key: value for key, value in saved["param_groups"][saved_index].items() if key != "step"}
+            # How torch runs the update is this run's choice (a GPU run's fused Adam loads on a CPU).
+            hyper = {key: value for key, value in saved["param_groups"][saved_index].items()
+                     if key not in ("step", *_IMPLEMENTATION_KEYS)}
+            hyper.update({key: group[key] for key in _IMPLEMENTATION_KEYS if key in group})
             step = float(saved["param_groups"][saved_index]["step"])
             ids = list(range(index, index + len(group["params"])))
             for param_id, param in zip(ids, group["params"]):

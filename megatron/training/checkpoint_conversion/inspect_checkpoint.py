@@ -1,16 +1,24 @@
-"""`tools/checkpoint/inspect_checkpoint.py`: what a torch-format checkpoint holds, read on the CPU.
+"""`tools/checkpoint/inspect_checkpoint.py`: what a torch or torch_dist checkpoint holds, read on the CPU.
 
     python tools/checkpoint/inspect_checkpoint.py --load-dir checkpoints/gpt [--ckpt-step N] [--no-tensors]
 
 Prints the iteration, checkpoint_version, a summary of the training arguments, the parallel layout
 (which mp_rank_* files exist), and per file the model tensors (name, shape, dtype) and whether optimizer,
-scheduler, RNG state and distrib_optim.pt are present. Works for this project's checkpoints and
-Megatron-LM's (the same format); needs no GPU and builds no model.
+scheduler, RNG state and distrib_optim.pt are present. For a torch_dist directory: common.pt's iteration
+and arguments, and the global tensors of the DCP index (name, global shape, dtype), optimizer state
+counted by kind. Works for this project's checkpoints and Megatron-LM's (the same format); needs no GPU
+and builds no model.
 """
 
 import argparse
+import collections
+import math
 import os
 
+from torch.distributed.checkpoint import FileSystemReader
+
+from megatron.core.dist_checkpointing import is_distributed_checkpoint
+from megatron.training.checkpoint.dist_loading import read_common_state
 from megatron.training.checkpoint.files import load_checkpoint_file
 from megatron.training.checkpoint_conversion.torch_checkpoint import iteration_directory, rank_files
 
@@ -34,9 +42,45 @@ def _model_lines(model: dict) -> list[str]:
     return lines
 
 
+def _version_and_args_lines(checkpoint: dict) -> list[str]:
+    lines = [f"  checkpoint_version: {checkpoint.get('checkpoint_version', 'absent (0)')}"]
+    args = checkpoint.get("args")
+    lines.append("  args:" if args is not None else "  args: absent")
+    for name in _ARGS_SUMMARY if args is not None else ():
+        if hasattr(args, name):
+            lines.append(f"    {name} = {getattr(args, name)}")
+    return lines
+
+
+def _describe_distributed(directory: str, iteration: int, release: bool, tensors: bool) -> list[str]:
+    """common.pt and the DCP index of a torch_dist iteration directory."""
+    common = read_common_state(directory)
+    saved = FileSystemReader(directory).read_metadata().state_dict_metadata
+    shards = sorted(name for name in os.listdir(directory) if name.endswith(".distcp"))
+    lines = [f"checkpoint {directory} (torch_dist: global tensors, loads under any parallel layout)",
+             f"  iteration: {'release' if release else iteration}",
+             f"  files: {len(shards)} shard file(s) ({', '.join(shards)}), common.pt, metadata.json"]
+    lines += _version_and_args_lines(common)
+    present = [key for key in _OTHER_STATE if key in common]
+    objects = sorted(key for key, entry in saved.items() if not hasattr(entry, "size"))
+    lines.append(f"  present: {', '.join(present) or 'none'}; sharded objects: {', '.join(objects) or 'none'}")
+    model = {key: entry for key, entry in saved.items() if hasattr(entry, "size") and not key.startswith("optimizer.")}
+    count = sum(math.prod(entry.size) for entry in model.values())
+    lines.append(f"  model: {len(model)} global tensors, {count:,} parameters")
+    if tensors:
+        lines.extend(f"    {key:<60} {str(tuple(entry.size)):<16} {str(entry.properties.dtype).removeprefix('torch.')}"
+                     for key, entry in sorted(model.items()))
+    kinds = collections.Counter(key.split(".")[2] for key in saved if key.startswith("optimizer.state."))
+    lines.append("  optimizer state: " + (", ".join(f"{kind} x {number}" for kind, number in sorted(kinds.items()))
+                                          or "none"))
+    return lines
+
+
 def describe_checkpoint(load_dir: str, iteration: int | None = None, tensors: bool = True) -> str:
     """The report printed by the inspector (see the module docstring)."""
-    directory, iteration, release = iteration_directory(load_dir, iteration)
+    directory, iteration, release = iteration_directory(load_dir, iteration, allow_distributed=True)
+    if is_distributed_checkpoint(directory):
+        return "\n".join(_describe_distributed(directory, iteration, release, tensors))
     files = rank_files(directory)
     lines = [f"checkpoint {directory}", f"  iteration: {'release' if release else iteration}",
              f"  parallel layout: {len(files)} file(s): "
@@ -44,12 +88,7 @@ def describe_checkpoint(load_dir: str, iteration: int | None = None, tensors: bo
     for index, ((tensor_rank, pipeline_rank), path) in enumerate(sorted(files.items())):
         checkpoint = load_checkpoint_file(path)
         if index == 0:
-            lines.append(f"  checkpoint_version: {checkpoint.get('checkpoint_version', 'absent (0)')}")
-            args = checkpoint.get("args")
-            lines.append("  args:" if args is not None else "  args: absent")
-            for name in _ARGS_SUMMARY if args is not None else ():
-                if hasattr(args, name):
-                    lines.append(f"    {name} = {getattr(args, name)}")
+            lines += _version_and_args_lines(checkpoint)
         present = [key for key in _OTHER_STATE if key in checkpoint]
         absent = [key for key in ("optimizer", "opt_param_scheduler", "rng_state") if key not in checkpoint]
         distributed_optimizer = os.path.isfile(os.path.join(os.path.dirname(path), "distrib_optim.pt"))
@@ -67,7 +106,7 @@ def describe_checkpoint(load_dir: str, iteration: int | None = None, tensors: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Show what a torch-format checkpoint holds (CPU only).")
+    parser = argparse.ArgumentParser(description="Show what a torch or torch_dist checkpoint holds (CPU only).")
     parser.add_argument("--load-dir", required=True, help="the checkpoint directory (holding the tracker file)")
     parser.add_argument("--ckpt-step", type=int, default=None, help="iteration to inspect (default: the latest)")
     parser.add_argument("--no-tensors", action="store_false", dest="tensors", help="omit the per-tensor listing")

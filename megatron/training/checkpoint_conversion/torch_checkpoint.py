@@ -35,8 +35,10 @@ def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def iteration_directory(load_dir: str, iteration: int | None = None) -> tuple[str, int, bool]:
-    """(directory, iteration, release) of the checkpoint named by the tracker, or of `iteration`."""
+def iteration_directory(load_dir: str, iteration: int | None = None,
+                        allow_distributed: bool = False) -> tuple[str, int, bool]:
+    """(directory, iteration, release) of the checkpoint named by the tracker, or of `iteration`; a torch_dist
+    directory is refused unless `allow_distributed`."""
     if iteration is None:
         tracker = get_checkpoint_tracker_filename(load_dir)
         if not os.path.isfile(tracker):
@@ -47,9 +49,10 @@ def iteration_directory(load_dir: str, iteration: int | None = None) -> tuple[st
     directory = get_checkpoint_name(load_dir, iteration, release, return_base_dir=True)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory} does not exist")
-    if os.path.isfile(os.path.join(directory, "metadata.json")):
+    if os.path.isfile(os.path.join(directory, "metadata.json")) and not allow_distributed:
         raise ValueError(f"{directory} is a distributed (torch_dist) checkpoint; convert.py reads --ckpt-format "
-                         "torch checkpoints only")
+                         "torch checkpoints only: turn it into one with the training script's --ckpt-convert-format "
+                         "torch --ckpt-convert-save DIR")
     return directory, iteration, release
 
 

@@ -1,5 +1,5 @@
 """--ckpt-format torch_dist through save_checkpoint / load_checkpoint on one rank: the directory Megatron-LM
-writes (metadata.json, common.pt, DCP files), an exact resume (model, bf16 main params, Adam, scheduler,
+writes (metadata.json, common.pt, DCP files) and what the inspector reports of it, an exact resume (model, bf16 main params, Adam, scheduler,
 RNG, counters), --async-save (a snapshot; "latest" only once finalised, blocking or polled), format
 detection and --ckpt-convert-format."""
 
@@ -11,6 +11,7 @@ import pytest
 
 from megatron.training.checkpoint.dist_saving import finalize_async_save
 from megatron.training.checkpoint.format_conversion import save_in_converted_format
+from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_checkpoint
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from tests.unit_tests.training.checkpoint.tiny_run import (
     assert_same,
@@ -48,6 +49,13 @@ def test_resume_from_torch_dist_continues_exactly(tmp_path):
     metadata = json.loads((tmp_path / "iter_0000002" / "metadata.json").read_text())
     assert metadata["sharded_backend"] == "torch_dist" and metadata["sharded_backend_version"] == 1
     assert _tracker(tmp_path) == "2"
+    report = describe_checkpoint(str(tmp_path))
+    params = len(list(model.parameters()))  # each has two Adam moments and an fp32 main copy (bf16)
+    for line in ("(torch_dist: global tensors", "iteration: 2", "files: 1 shard file(s) (__0_0.distcp)",
+                 "sharded objects: rng_state/shard_0.0_1.1", "decoder.layers.1.mlp.linear_fc1.weight",
+                 f"model: {params} global tensors",
+                 f"optimizer state: exp_avg x {params}, exp_avg_sq x {params}, fp32_param x {params}"):
+        assert line in report, line
 
     model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
     assert load_checkpoint([model], optimizer, scheduler, args=args) == (2, 3.0e12)
