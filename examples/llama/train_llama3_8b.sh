@@ -15,18 +15,11 @@ set -euo pipefail
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$EXAMPLES_DIR/distributed_args.sh"
 
-for positional in "${@:1:4}"; do
-    if [[ "$positional" == --* ]]; then
-        echo "usage: $0 [CHECKPOINT_PATH [TENSORBOARD_LOGS_PATH [TOKENIZER [DATA_PATH]]]] [flags ...]" >&2
-        echo "  flags go after all four positional arguments (MOCK for TOKENIZER and DATA_PATH); got $positional" >&2
-        exit 1
-    fi
-done
-CHECKPOINT_PATH=${1:-checkpoints/llama3_8b}
-TENSORBOARD_LOGS_PATH=${2:-tensorboard_logs/llama3_8b}
-TOKENIZER_ARG=${3:-MOCK}
-DATA_ARG=${4:-MOCK}
-EXTRA_ARGS=("${@:5}")
+RUN_NAME=llama3_8b
+TOKENIZER_TYPE=HuggingFaceTokenizer
+TOKENIZER_FLAG=--tokenizer-model
+MOCK_VOCAB_SIZE=128256
+source "$EXAMPLES_DIR/tokenizer_positional_args.sh"
 
 MODEL_ARGS=(
     --num-layers 32
@@ -91,16 +84,6 @@ MODEL_PARALLEL_ARGS=(
     --context-parallel-size 1
 )
 
-if [ "$DATA_ARG" = MOCK ]; then
-    DATA_ARGS=(--mock-data)
-else
-    DATA_ARGS=(--data-path "$DATA_ARG")
-fi
-if [ "$TOKENIZER_ARG" = MOCK ]; then
-    DATA_ARGS+=(--tokenizer-type NullTokenizer --vocab-size 128256)
-else
-    DATA_ARGS+=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_ARG")
-fi
 DATA_ARGS+=(
     --split 99,1,0
     --no-create-attention-mask-in-dataloader

@@ -18,18 +18,11 @@ set -euo pipefail
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$EXAMPLES_DIR/distributed_args.sh"
 
-for positional in "${@:1:4}"; do
-    if [[ "$positional" == --* ]]; then
-        echo "usage: $0 [CHECKPOINT_PATH [TENSORBOARD_LOGS_PATH [TOKENIZER [DATA_PATH]]]] [flags ...]" >&2
-        echo "  flags go after all four positional arguments (MOCK for TOKENIZER and DATA_PATH); got $positional" >&2
-        exit 1
-    fi
-done
-CHECKPOINT_PATH=${1:-checkpoints/mixtral_8x7b}
-TENSORBOARD_LOGS_PATH=${2:-tensorboard_logs/mixtral_8x7b}
-TOKENIZER_ARG=${3:-MOCK}
-DATA_ARG=${4:-MOCK}
-EXTRA_ARGS=("${@:5}")
+RUN_NAME=mixtral_8x7b
+TOKENIZER_TYPE=Llama2Tokenizer
+TOKENIZER_FLAG=--tokenizer-model
+MOCK_VOCAB_SIZE=32000
+source "$EXAMPLES_DIR/tokenizer_positional_args.sh"
 
 MODEL_ARGS=(
     --use-mcore-models
@@ -87,16 +80,6 @@ MODEL_PARALLEL_ARGS=(
     --sequence-parallel
 )
 
-if [ "$DATA_ARG" = MOCK ]; then
-    DATA_ARGS=(--mock-data)
-else
-    DATA_ARGS=(--data-path "$DATA_ARG")
-fi
-if [ "$TOKENIZER_ARG" = MOCK ]; then
-    DATA_ARGS+=(--tokenizer-type NullTokenizer --vocab-size 32000)
-else
-    DATA_ARGS+=(--tokenizer-type Llama2Tokenizer --tokenizer-model "$TOKENIZER_ARG")
-fi
 DATA_ARGS+=(
     --split 99990,8,2
     --num-workers 1

@@ -67,7 +67,9 @@ def test_mixtral_shaped_model_learns_with_balanced_routing(tmp_path, dataset):  
 
     data_prefix = dataset[dataset.index("--data-path") + 1]
     fractions = _token_fractions(f"{save}/iter_{ITERATIONS:07d}/mp_rank_00/model_optim_rng.pt", data_prefix)
-    report = "; ".join(f"layer {n}: " + " ".join(f"{share:.3f}" for share in layer) for n, layer in enumerate(fractions))
+    report = "; ".join(
+        f"layer {n}: " + " ".join(f"{share:.3f}" for share in layer) for n, layer in enumerate(fractions)
+    )
     print(f"\nlm loss {losses[1]:.3f} -> {losses[ITERATIONS]:.3f}, load_balancing_loss {balancing[1]:.3f} -> "
           f"{balancing[ITERATIONS]:.3f}; per-expert token fractions after {ITERATIONS} iterations: {report}")
     for layer in fractions:

@@ -97,7 +97,8 @@ def _update_router_expert_bias(model: List[torch.nn.Module]) -> None:
     if not routers:
         return
     tokens_per_expert = torch.stack([router.local_tokens_per_expert for router in routers])  # [L, E]
-    dist.all_reduce(tokens_per_expert, group=parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True))
+    group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    dist.all_reduce(tokens_per_expert, group=group)
     expert_bias = torch.stack([router.expert_bias for router in routers])
     updated = get_updated_expert_bias(tokens_per_expert, expert_bias, routers[0].config.moe_router_bias_update_rate)
     for router, bias in zip(routers, updated):

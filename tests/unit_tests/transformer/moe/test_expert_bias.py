@@ -2,28 +2,17 @@
 under full activation recompute, which replays the forward), finalize_model_grads moves each expert bias
 by rate * sign(mean load - load) and zeroes the counts, and the bias is saved with the model."""
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.distributed.conftest import single_rank_groups  # noqa: F401  (one gloo rank)
 
 RATE, TOKENS, TOPK = 0.01, 2 * 8, 2
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def _step(**recompute):
@@ -48,7 +37,7 @@ def _step(**recompute):
     return model, routers, counts, z_loss
 
 
-def test_expert_bias_update_and_recompute_counts_once(one_rank):
+def test_expert_bias_update_and_recompute_counts_once(single_rank_groups):
     model, routers, counts, z_loss = _step()
     for router, count in zip(routers, counts):
         assert count.sum() == TOKENS * TOPK  # every token counted once per chosen expert

@@ -32,11 +32,8 @@ Z_LOSS_ONLY = dict(moe_z_loss_coeff=0.01)
 LAYOUTS = {
     "ep1": dict(routing=WITH_DROPPING),
     "ep2 allgather": dict(ep=2, routing=WITH_DROPPING),
-    "ep4 allgather": dict(ep=4, routing=WITH_DROPPING),
-    "ep2 alltoall": dict(ep=2, dispatcher="alltoall", routing=WITH_DROPPING),
     "ep4 alltoall": dict(ep=4, dispatcher="alltoall", routing=WITH_DROPPING),
     "ep1 z": dict(routing=Z_LOSS_ONLY),
-    "tp2 sp ep1": dict(tp=2, sp=True, routing=Z_LOSS_ONLY),
     "tp2 sp ep2 allgather": dict(tp=2, sp=True, ep=2, routing=Z_LOSS_ONLY),
     "tp2 ep2 alltoall": dict(tp=2, ep=2, dispatcher="alltoall", routing=Z_LOSS_ONLY),
     "tp2 sp etp1 ep4 alltoall": dict(tp=2, sp=True, ep=4, etp=1, dispatcher="alltoall", routing=Z_LOSS_ONLY),
@@ -62,9 +59,11 @@ def _shards(model, num_local_experts):
         expert = not getattr(param, "allreduce", True)
         if expert:
             name = _global_name(name, ep_rank * num_local_experts)
-            tp_rank, tp_size = parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()
+            tp_rank = parallel_state.get_expert_tensor_parallel_rank()
+            tp_size = parallel_state.get_expert_tensor_parallel_world_size()
         else:
-            tp_rank, tp_size = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+            tp_rank = parallel_state.get_tensor_model_parallel_rank()
+            tp_size = parallel_state.get_tensor_model_parallel_world_size()
         split = param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
         entries.append((name, tp_rank, tp_size, split, getattr(param, "partition_stride", 1), param.main_grad.clone()))
     return entries
@@ -113,7 +112,9 @@ def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=
     loss = model(tokens, positions, None, labels=labels).mean()
     loss.backward()
     finalize_model_grads([model])
-    names = moe_aux_loss_names(config.moe_router_load_balancing_type, config.moe_aux_loss_coeff, config.moe_z_loss_coeff)
+    names = moe_aux_loss_names(
+        config.moe_router_load_balancing_type, config.moe_aux_loss_coeff, config.moe_z_loss_coeff
+    )
     logged = {name: float(value) for name, value in aux_losses_for_logging(names, 2, 2, 1.0).items()}
     mean_loss = loss.detach().clone()
     dist.all_reduce(mean_loss, group=parallel_state.get_data_parallel_group())
@@ -147,13 +148,14 @@ def _assert_same(result, reference):
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["ep2 allgather", "ep4 allgather", "ep2 alltoall", "ep4 alltoall"])
+@pytest.mark.parametrize("layout", ["ep2 allgather", "ep4 alltoall"])
 def test_expert_parallel_with_data_parallel_equals_ep1(results, layout):
     _assert_same(results[layout], results["ep1"])
 
 
 @pytest.mark.parametrize(
-    "layout", ["tp2 sp ep1", "tp2 sp ep2 allgather", "tp2 ep2 alltoall", "tp2 sp etp1 ep4 alltoall", "tp2 etp1 ep4 allgather"]
+    "layout",
+    ["tp2 sp ep2 allgather", "tp2 ep2 alltoall", "tp2 sp etp1 ep4 alltoall", "tp2 etp1 ep4 allgather"],
 )
 def test_expert_parallel_with_tensor_parallel_equals_ep1(results, layout):
     _assert_same(results[layout], results["ep1 z"])

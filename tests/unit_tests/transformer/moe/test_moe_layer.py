@@ -20,7 +20,8 @@ def _build(grouped: bool, **overrides):
     fields.update(overrides)
     config = TransformerConfig(**fields)
     torch.manual_seed(0)
-    layer = build_module(get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=grouped).submodules.mlp, config=config)
+    spec = get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=grouped).submodules.mlp
+    layer = build_module(spec, config=config)
     with torch.no_grad():
         for param in layer.parameters():
             param.normal_(0, 0.5)
@@ -48,7 +49,9 @@ def _reference(layer, grouped, x, topk=2):
     for token, token_logits in zip(tokens, logits):
         top = torch.topk(token_logits, topk)
         weights = torch.softmax(top.values, dim=0)
-        out = sum(w * _swiglu_mlp(token, *_expert_weights(state, grouped, int(e))) for w, e in zip(weights, top.indices))
+        out = sum(
+            w * _swiglu_mlp(token, *_expert_weights(state, grouped, int(e))) for w, e in zip(weights, top.indices)
+        )
         if "shared_experts.linear_fc1.weight" in state:
             out = out + _swiglu_mlp(token, state["shared_experts.linear_fc1.weight"],
                                     state["shared_experts.linear_fc2.weight"])
@@ -69,7 +72,8 @@ def test_moe_layer_equals_expert_by_expert_reference(grouped, shared):
 
     upstream = torch.randn_like(output)
     grads = torch.autograd.grad((output * upstream).sum(), [x] + list(layer.parameters()))
-    ref_grads = torch.autograd.grad((_reference(layer, grouped, x_ref) * upstream).sum(), [x_ref] + list(layer.parameters()))
+    ref_output = _reference(layer, grouped, x_ref)
+    ref_grads = torch.autograd.grad((ref_output * upstream).sum(), [x_ref] + list(layer.parameters()))
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad)
 
@@ -105,4 +109,5 @@ def test_dropped_token_gets_zero_from_the_experts(policy, dropped):
             continue
         expert = 0 if token < 3 else 1
         weight = torch.sigmoid(x[token, 0, expert] - x[token, 0, 1 - expert])
-        torch.testing.assert_close(output[token, 0], weight * _swiglu_mlp(x[token, 0], *_expert_weights(state, False, expert)))
+        expected = weight * _swiglu_mlp(x[token, 0], *_expert_weights(state, False, expert))
+        torch.testing.assert_close(output[token, 0], expected)

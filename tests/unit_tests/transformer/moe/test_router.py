@@ -60,7 +60,9 @@ def test_sigmoid_with_expert_bias_chooses_by_biased_score_and_weights_by_unbiase
 DROP_LOGITS = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
 
 
-@pytest.mark.parametrize("policy, kept", [("probs", [False, True, True, True]), ("position", [True, True, False, True])])
+@pytest.mark.parametrize(
+    "policy, kept", [("probs", [False, True, True, True]), ("position", [True, True, False, True])]
+)
 def test_token_dropping_by_hand(policy, kept):
     probs, routing_map = topk_routing_with_capacity(
         DROP_LOGITS, topk=1, use_pre_softmax=True, capacity_factor=1.0, drop_policy=policy
