@@ -5,7 +5,8 @@
 
 Every rank routes its own tokens: under sequence parallelism the input is already this TP rank's
 [s/tp, b, h]; without it the TP ranks hold the same [s, b, h], so the layer keeps rank r's s/tp
-positions (and gathers the outputs back), instead of routing every token tp times. A token dropped by
+positions (and gathers the outputs back), instead of routing every token tp times (which it does only
+in generation when s does not divide by tp). A token dropped by
 the capacity limit gets 0 from the experts, so the layer's residual carries it unchanged.
 """
 
@@ -70,6 +71,15 @@ class MoELayer(MegatronModule):
 
     def forward(self, hidden_states: torch.Tensor):
         split_over_tensor_parallel = self.tensor_parallel_size > 1 and not self.config.sequence_parallel
+        if split_over_tensor_parallel and hidden_states.size(0) % self.tensor_parallel_size:
+            if self.training and torch.is_grad_enabled():
+                raise ValueError(
+                    f"MoE layers split the {hidden_states.size(0)} positions over tensor_model_parallel_size "
+                    f"{self.tensor_parallel_size} ranks: use a sequence length divisible by it"
+                )
+            # Generation: every TP rank routes all the tokens; the dispatch sums the duplicates' expert
+            # outputs back onto each copy, so the output is the same (for tp times the expert work).
+            split_over_tensor_parallel = False
         tokens = hidden_states
         if split_over_tensor_parallel:
             tokens = scatter_to_sequence_parallel_region(hidden_states)  # [s/tp, b, h]
