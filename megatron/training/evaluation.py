@@ -25,6 +25,8 @@ def evaluate(forward_step_func, data_iterator, model, config) -> dict:
     num_microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
     sums = {}  # key -> tensor([numerator, denominator])
     averaged_keys = set()  # legacy 1-element reports, already averaged over DP by the loss function
+    # Evaluation is not part of the training step's forward-backward time (Megatron switches it off too).
+    timers, config.timers = config.timers, None
     with torch.no_grad():
         for _ in range(args.eval_iters):
             reports = get_forward_backward_func()(
@@ -48,11 +50,13 @@ def evaluate(forward_step_func, data_iterator, model, config) -> dict:
                             pair = torch.stack([value[0], torch.ones_like(value[0])])
                         sums[key] = sums.get(key, torch.zeros_like(pair)) + pair
             args.consumed_valid_samples += args.global_batch_size
+    config.timers = timers
     for chunk in model:
         chunk.train()
     results = {}
     for key, pair in sums.items():
-        if key not in averaged_keys and args.data_parallel_size > 1:
+        # Summed over DP x CP: with context parallelism each rank holds the sums of its part of the sequences.
+        if key not in averaged_keys and parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1:
             dist.all_reduce(pair, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
         results[key] = (pair[0] / pair[1].clamp(min=1)).item()
     return {key: float(value) for key, value in broadcast_from_last_stage(results).items()}

@@ -32,6 +32,7 @@ from megatron.core.pipeline_parallel.microbatch_step import (
     deallocate_output_tensor,
     forward_step,
     get_model_config,
+    timed_schedule,
 )
 
 
@@ -71,6 +72,7 @@ def check_interleaving(num_microbatches: int, pipeline_size: int, group_size: in
         )
 
 
+@timed_schedule
 def forward_backward_pipelining_with_interleaving(
     *,
     forward_step_func,

@@ -12,11 +12,13 @@ Loss scaling on the last stage, as Megatron does it:
 """
 
 import contextlib
+import functools
 
 import torch
 from torch.autograd.variable import Variable
 
 from megatron.core import parallel_state
+from megatron.core.timers import timed
 
 
 def get_model_config(model):
@@ -87,11 +89,12 @@ def forward_step(
         if config.enable_autocast
         else contextlib.nullcontext()
     )
-    with autocast:
-        output_tensor, loss_func = forward_step_func(data_iterator, model)
-    if not is_last_stage:
-        return output_tensor, torch.tensor(0, dtype=torch.int)
-    loss, num_tokens, report = _scaled_loss(loss_func(output_tensor), config, num_microbatches)
+    with timed(config.timers, "forward-compute", log_level=2):
+        with autocast:
+            output_tensor, loss_func = forward_step_func(data_iterator, model)
+        if not is_last_stage:
+            return output_tensor, torch.tensor(0, dtype=torch.int)
+        loss, num_tokens, report = _scaled_loss(loss_func(output_tensor), config, num_microbatches)
     forward_data_store.append(report)
     return loss, num_tokens
 
@@ -133,12 +136,27 @@ def backward_step(input_tensor, output_tensor, output_tensor_grad, config):
     """Backpropagates one microbatch of one chunk; returns the gradient of its input (None on the first
     stage). On the last stage `output_tensor` is the loss and `output_tensor_grad` None; the loss scale
     (fp16) is applied there only, the other stages receive already-scaled gradients."""
-    if input_tensor is not None:
-        input_tensor.retain_grad()
-    if output_tensor_grad is None and config.grad_scale_func is not None:
-        output_tensor = config.grad_scale_func(output_tensor)
-    if config.deallocate_pipeline_outputs:
-        custom_backward(output_tensor, output_tensor_grad)
-    else:
-        torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad)
+    with timed(config.timers, "backward-compute", log_level=2):
+        if input_tensor is not None:
+            input_tensor.retain_grad()
+        if output_tensor_grad is None and config.grad_scale_func is not None:
+            output_tensor = config.grad_scale_func(output_tensor)
+        if config.deallocate_pipeline_outputs:
+            custom_backward(output_tensor, output_tensor_grad)
+        else:
+            torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad)
     return input_tensor.grad if input_tensor is not None else None
+
+
+def timed_schedule(schedule):
+    """Times a whole schedule call as `forward-backward` (timer level 1), as Megatron's schedules do."""
+
+    @functools.wraps(schedule)
+    def run(**kwargs):
+        model = kwargs["model"]
+        config = get_model_config(model[0] if isinstance(model, list) else model)
+        with timed(config.timers, "forward-backward", log_level=1,
+                   barrier=getattr(config, "barrier_with_L1_time", False)):
+            return schedule(**kwargs)
+
+    return run

@@ -23,6 +23,7 @@ from megatron.core.pipeline_parallel.microbatch_step import (
     deallocate_output_tensor,
     forward_step,
     get_model_config,
+    timed_schedule,
 )
 
 
@@ -37,6 +38,7 @@ def _single(value, what: str):
     return value
 
 
+@timed_schedule
 def forward_backward_pipelining_without_interleaving(
     *,
     forward_step_func,
@@ -98,14 +100,11 @@ def forward_backward_pipelining_without_interleaving(
             if not forward_only:
                 keep_for_backward(input_tensor, output_tensor)
 
+        # forward_only runs every microbatch in the warm-up loop: the steady state always trains.
         input_tensor = p2p.recv_forward(shape, config) if num_steady > 0 else None
         for step in range(num_steady):
             last_step = step == num_steady - 1
             output_tensor = forward(input_tensor)
-            if forward_only:
-                p2p.send_forward(output_tensor, shape, config)
-                input_tensor = None if last_step else p2p.recv_forward(shape, config)
-                continue
             output_tensor_grad = p2p.send_forward_recv_backward(output_tensor, shape, config)
             keep_for_backward(input_tensor, output_tensor)
             if last_step and num_warmup == 0:

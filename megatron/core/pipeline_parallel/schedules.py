@@ -22,6 +22,7 @@ from megatron.core.pipeline_parallel.microbatch_step import (
     deallocate_output_tensor,
     forward_step,
     get_model_config,
+    timed_schedule,
 )
 from megatron.core.pipeline_parallel.one_f_one_b import forward_backward_pipelining_without_interleaving
 
@@ -47,6 +48,7 @@ def get_forward_backward_func():
     return forward_backward_no_pipelining
 
 
+@timed_schedule
 def forward_backward_no_pipelining(
     *,
     forward_step_func,
