@@ -45,9 +45,6 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
         MoEAuxLossAutoScaler.main_loss_backward_scale = scale.detach().float().reshape(())
 
 
-_TRACKER: dict = {}
-
-
 def set_aux_loss_scale(config, num_microbatches: int) -> None:
     """Before a training step: the aux losses' gradient scale, the main loss's (the loss scale, divided by
     the microbatch count unless the loss is normalised per token). No-op for a dense model."""
@@ -56,6 +53,9 @@ def set_aux_loss_scale(config, num_microbatches: int) -> None:
     one = torch.ones(1, device=parallel_state.collective_device())
     scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
     MoEAuxLossAutoScaler.set_loss_scale(scale if config.calculate_per_token_loss else scale / num_microbatches)
+
+
+_TRACKER: dict = {}
 
 
 def moe_aux_loss_names(load_balancing_type: str, aux_loss_coeff: float, z_loss_coeff: float | None) -> list:
