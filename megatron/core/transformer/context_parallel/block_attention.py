@@ -21,8 +21,12 @@ the dropped-out O (FlashAttention's rule). The masks are not stored: `DropoutMas
 generator seeded per call, and the backward replays the same draws in the same order.
 
 Everything is computed in fp32, in tiles of query rows so that at most ~TILE_ELEMENTS scores exist at a time
-(memory linear in the sequence, like a fused kernel, instead of the full [sq, sk] matrix).
+(memory linear in the sequence, like a fused kernel, instead of the full [sq, sk] matrix). For bf16/fp16
+inputs on a GPU the fp32 matmuls may use TF32 tensor cores: bf16 and fp16 values are exact in TF32, products
+accumulate in fp32, and the probabilities keep 10 mantissa bits where FlashAttention rounds them to bf16.
 """
+
+import contextlib
 
 import torch
 
@@ -77,10 +81,29 @@ def _scores(q_tile: torch.Tensor, k: torch.Tensor, scale: float, causal_offset, 
     return scores
 
 
+@contextlib.contextmanager
+def _kernel_precision(dtype: torch.dtype, device: torch.device):
+    """fp32 arithmetic whatever autocast says; TF32 matmuls for half-precision inputs on CUDA (module
+    docstring), full fp32 for fp32 inputs."""
+    tf32 = dtype in (torch.bfloat16, torch.float16) and device.type == "cuda"
+    previous = torch.get_float32_matmul_precision()
+    with torch.autocast(device_type=device.type, enabled=False):
+        if tf32:
+            torch.set_float32_matmul_precision("high")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(previous)
+
+
 def block_attention_forward(q, k, v, scale: float, causal_offset: int | None = None, dropout: DropoutMasks = None):
     """(O [b, g, r, sq, d], lse [b, g, r, sq]), both fp32. `causal_offset` c lets row i see columns 0 .. i + c
     (0: the usual causal mask of a diagonal block; None: no mask). Every row must see at least one column."""
-    q, k, v = q.float(), k.float(), v.float()
+    with _kernel_precision(q.dtype, q.device):
+        return _block_attention_forward(q.float(), k.float(), v.float(), scale, causal_offset, dropout)
+
+
+def _block_attention_forward(q, k, v, scale, causal_offset, dropout):
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     for first, last in _row_tiles(q, k.size(-2)):
@@ -100,7 +123,13 @@ def block_attention_backward(
     """(dq [b, g, r, sq, d], dk [b, g, 1, sk, d], dv [b, g, 1, sk, d]) in fp32: this key block's share of
     the gradient, given the gradient `dout` of the output and the merged output `out` and `lse` of the
     rows (those of the whole attention, not of this block alone). `dropout` must replay the forward's."""
-    q, k, v, dout = q.float(), k.float(), v.float(), dout.float()
+    with _kernel_precision(q.dtype, q.device):
+        return _block_attention_backward(
+            dout.float(), q.float(), k.float(), v.float(), out, lse, scale, causal_offset, dropout
+        )
+
+
+def _block_attention_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout):
     delta = (dout * out.float()).sum(dim=-1)  # D_i [b, g, r, sq]
     dq = torch.empty_like(q)
     dk = torch.zeros_like(k)
