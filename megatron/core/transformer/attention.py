@@ -20,6 +20,7 @@ import torch
 
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.model_parallel_config import reject_unsupported
+from megatron.core.fusions.fused_rope import fused_apply_rotary_pos_emb
 from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -139,8 +140,9 @@ class SelfAttention(MegatronModule):
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         if rotary_pos_emb is not None:
             q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
-            query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
-            key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
+            rotate = fused_apply_rotary_pos_emb if self.config.apply_rope_fusion else apply_rotary_pos_emb
+            query = rotate(query, q_pos_emb, config=self.config)
+            key = rotate(key, k_pos_emb, config=self.config)
         mask_type = None
         if inference_context is not None:
             key, value = inference_context.append_key_value(self.layer_number, key, value)

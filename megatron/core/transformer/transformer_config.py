@@ -153,7 +153,7 @@ class TransformerConfig(ModelParallelConfig):
     """Accepted for compatibility: the layer norms are PyTorch's."""
 
     apply_rope_fusion: bool = False
-    """Accepted for compatibility: RoPE is the same function either way."""
+    """RoPE as one generated kernel on CUDA (megatron/core/fusions/fused_rope.py); the same function."""
 
     use_torch_compile: bool = False
     """Compile each transformer layer's training forward/backward with `torch.compile` on CUDA
