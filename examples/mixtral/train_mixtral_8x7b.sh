@@ -68,10 +68,10 @@ TRAINING_ARGS=(
     --lr-warmup-iters 500
     --clip-grad 1.0
     --bf16
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
 )
-# Megatron's script also shards the optimizer with overlapped communication (--use-distributed-optimizer
-# --overlap-grad-reduce --overlap-param-gather); the distributed optimizer with expert parallelism is
-# refused as "not supported yet" here, so the optimizer state is replicated over the data-parallel ranks.
 
 MODEL_PARALLEL_ARGS=(
     --tensor-model-parallel-size 1
@@ -85,15 +85,16 @@ DATA_ARGS+=(
     --num-workers 1
 )
 
-# Megatron's script saves with the default --ckpt-format torch_dist and loads with --no-load-optim
-# --no-load-rng (it starts from converted Hugging Face weights); this script resumes its own checkpoints.
+# Megatron's script loads with --no-load-optim --no-load-rng (it starts from converted Hugging Face
+# weights); this script resumes its own checkpoints. torch_dist (sharded, resharding across TP/PP/EP) is
+# Megatron's default format and the one that keeps the distributed optimizer's state under EP.
 EVAL_AND_LOGGING_ARGS=(
     --log-interval 1
     --log-throughput
     --save-interval 10000
     --eval-interval 1000
     --eval-iters 10
-    --ckpt-format torch
+    --ckpt-format torch_dist
     --save "$CHECKPOINT_PATH"
     --load "$CHECKPOINT_PATH"
     --tensorboard-dir "$TENSORBOARD_LOGS_PATH"

@@ -1,6 +1,6 @@
 """examples/mixtral/train_mixtral_8x7b.sh: Megatron-LM's Mixtral recipe as parsed, and tiny runs of it
-under torchrun on 2 CPU ranks with expert parallelism 2 (router losses logged, one checkpoint file per
-expert rank, exact resume)."""
+under torchrun on 2 CPU ranks with expert parallelism 2 and the distributed optimizer (router losses
+logged, exact resume through a torch_dist checkpoint)."""
 
 import os
 import re
@@ -31,6 +31,7 @@ def test_mixtral_script_is_megatrons_recipe_on_32_gpus(tmp_path, monkeypatch):
     assert (args.pipeline_model_parallel_size, args.expert_model_parallel_size, args.data_parallel_size) == (4, 8, 8)
     assert (args.global_batch_size, args.lr, args.min_lr, args.lr_warmup_iters) == (256, 1e-4, 1e-5, 500)
     assert args.swiglu and args.normalization == "RMSNorm" and not args.add_bias_linear and args.bf16
+    assert args.use_distributed_optimizer and args.overlap_grad_reduce and args.ckpt_format == "torch_dist"
 
 
 def _losses(output: str, name: str) -> dict:
@@ -39,8 +40,9 @@ def _losses(output: str, name: str) -> dict:
 
 
 def test_mixtral_script_trains_and_resumes_exactly_with_expert_parallelism_on_two_cpu_ranks(tmp_path):
-    """EP = 2 under torchrun: router losses on the console line and in TensorBoard, one checkpoint file per
-    expert rank, and 2 + 2 iterations through a checkpoint equal 4 straight ones (user-pain-points 21)."""
+    """EP = 2 with the distributed optimizer under torchrun: router losses on the console line and in
+    TensorBoard, and 2 + 2 iterations through a torch_dist checkpoint equal 4 straight ones
+    (user-pain-points 21)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     straight.mkdir(), split.mkdir()
     command = ["bash", os.path.join(ROOT, SCRIPT), "ckpt", "tb", "MOCK", "MOCK", *TINY_MIXTRAL]
@@ -48,9 +50,8 @@ def test_mixtral_script_trains_and_resumes_exactly_with_expert_parallelism_on_tw
     for name in ("lm loss", "load_balancing_loss", "z_loss"):
         assert sorted(_losses(output, name)) == [1, 2, 3, 4], (name, output[-3000:])
         assert sorted(read_scalars(str(straight / "tb"), name)) == [1, 2, 3, 4]
-    # One file per expert rank: mp_rank_{tp:02d}_{ep:03d}, each with its own two experts per layer.
-    for ep_rank in (0, 1):
-        assert (straight / "ckpt" / "iter_0000004" / f"mp_rank_00_{ep_rank:03d}" / "model_optim_rng.pt").exists()
+    # Megatron's recipe: distributed optimizer under EP, sharded torch_dist checkpoints.
+    assert (straight / "ckpt" / "iter_0000004" / "metadata.json").exists()
 
     first = _run(command + ["--exit-interval", "2"], cwd=split, GPUS_PER_NODE="2")
     second = _run(command, cwd=split, GPUS_PER_NODE="2")

@@ -79,8 +79,9 @@ def check_moe(args: argparse.Namespace, problems: list) -> None:
     if etp != tp:
         problems.append(f"--expert-tensor-parallel-size {etp} other than --tensor-model-parallel-size {tp} is not "
                         f"supported yet by training runs (checkpoint files are named per tensor/expert rank)")
-    if ep > 1 and args.use_distributed_optimizer:
-        problems.append("--use-distributed-optimizer with --expert-model-parallel-size > 1 is not supported yet")
+    if ep > 1 and args.use_distributed_optimizer and args.ckpt_format == "torch" and (args.save or args.load):
+        problems.append("--use-distributed-optimizer with --expert-model-parallel-size > 1 cannot save or load "
+                        "--ckpt-format torch checkpoints yet; use --ckpt-format torch_dist")
     if args.add_bias_linear:
         problems.append("MoE layers have no linear biases here: add --disable-bias-linear (as Megatron-LM's MoE "
                         "recipes do)")

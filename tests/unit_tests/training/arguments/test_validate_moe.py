@@ -45,8 +45,9 @@ def test_moe_run_validates_and_builds_the_config(validated):
     (MOE[len(MINIMAL):] + ["--moe-router-enable-expert-bias"], 1, "needs --moe-router-score-function sigmoid"),
     (MOE[len(MINIMAL):] + ["--moe-layer-freq", "[1,0,1]"], 1, "--moe-layer-freq has 3 entries but --num-layers is 2"),
     (MOE[len(MINIMAL):] + ["--moe-aux-loss-coeff", "0.1", "0.2"], 1, "combining several load-balancing losses"),
-    (MOE[len(MINIMAL):] + ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"], 2,
-     "--use-distributed-optimizer with --expert-model-parallel-size > 1 is not supported yet"),
+    (MOE[len(MINIMAL):] + ["--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--ckpt-format",
+                           "torch", "--save", "ckpt", "--save-interval", "5"], 2,
+     "--use-distributed-optimizer with --expert-model-parallel-size > 1 cannot save or load --ckpt-format torch"),
     (MOE[len(MINIMAL):] + ["--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
                            "--sequence-parallel"], 2, "--expert-tensor-parallel-size 1 other than"),
 ])
