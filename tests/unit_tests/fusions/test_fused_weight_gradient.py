@@ -5,12 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.fusions.fused_weight_gradient import linear_with_grad_accumulation
+from tests.unit_tests.distributed.conftest import single_rank_groups  # noqa: F401 (the one-rank gloo fixture)
 
 
 class TwoLinears(torch.nn.Module):
@@ -22,15 +21,6 @@ class TwoLinears(torch.nn.Module):
     def forward(self, x):
         hidden = torch.relu(linear_with_grad_accumulation(x, self.fc1.weight, self.fc1.bias))
         return linear_with_grad_accumulation(hidden, self.fc2.weight, self.fc2.bias)
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def _reference_grads(model, inputs, upstream):
@@ -59,13 +49,13 @@ def _run(device):
     assert model.fc1.weight.grad_added_to_main_grad and not model.fc1.bias.grad_added_to_main_grad
 
 
-def test_weight_gradients_accumulate_in_main_grad_on_cpu(one_rank):
+def test_weight_gradients_accumulate_in_main_grad_on_cpu(single_rank_groups):
     _run("cpu")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_weight_gradients_accumulate_in_main_grad_on_gpu(one_rank):
+def test_weight_gradients_accumulate_in_main_grad_on_gpu(single_rank_groups):
     _run("cuda")
 
 
