@@ -9,7 +9,8 @@ with ring and all-gather attention. The loss mask drops a quarter of the tokens 
 of one sequence hold different numbers of loss tokens: the loss must still be the token mean of each
 microbatch's whole sequences (averaged over microbatches, as Megatron does).
 
-The reference is the model at CP=1 in one process with plain `torch.optim.AdamW` and `clip_grad_norm_`.
+The reference is the model at CP=1 in one process with plain `torch.optim.AdamW` and `clip_grad_norm_`
+(tests/unit_tests/reference_training.py).
 Every step the logged loss (global token mean), the un-sharded gradients and the gradient norm must match,
 and after the last step the weights. Tolerances in fp32: losses, gradients and gradient norms within 2e-5
 (absolute, or relative to the tensor's largest entry when that exceeds 1; measured <= 4e-6); weights after
@@ -35,6 +36,7 @@ from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.training.tasks import gpt as gpt_task
 from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.reference_training import adamw_reference_steps
 from tests.unit_tests.tensor_parallel.test_tensor_parallel_training import MODELS, _scaled_error, _unsharded
 
 SEQ, MICRO_BATCH, GLOBAL_BATCH, VOCAB, STEPS = 16, 2, 4, 128, 3
@@ -78,31 +80,22 @@ def _microbatches(batch: dict, first: int, last: int):
             for start in range(first, last, MICRO_BATCH)]
 
 
+def _reference_loss(model, batch):
+    """The mean over microbatches of each microbatch's token-mean loss, carrying the global token mean as
+    its value: the gradient Megatron's schedule takes, the number its log line shows."""
+    sums, counts = [], []
+    for micro in _microbatches(batch, 0, GLOBAL_BATCH):
+        losses = model(micro["tokens"], micro["position_ids"], None, labels=micro["labels"])
+        sums.append((losses * micro["loss_mask"]).sum())
+        counts.append(micro["loss_mask"].sum())
+    backpropagated = torch.stack([total / count for total, count in zip(sums, counts)]).mean()
+    logged = torch.stack(sums).sum() / torch.stack(counts).sum()
+    return backpropagated + (logged - backpropagated).detach()
+
+
 def _reference_run(name: str) -> list[dict]:
-    """CP=1: the mean over microbatches of each microbatch's token-mean loss, AdamW, clip_grad_norm_."""
-    model = _build(name)
-    decayed = [param for param in model.parameters() if param.dim() > 1]
-    others = [param for param in model.parameters() if param.dim() <= 1]
-    optimizer = torch.optim.AdamW(
-        [dict(params=decayed, weight_decay=WEIGHT_DECAY), dict(params=others, weight_decay=0.0)], lr=LR,
-        betas=(0.9, 0.999), eps=1e-8,
-    )
-    steps = [dict(weights={key: value.clone() for key, value in model.state_dict().items()})]
-    for batch in _global_batches():
-        optimizer.zero_grad()
-        microbatches = _microbatches(batch, 0, GLOBAL_BATCH)
-        for micro in microbatches:
-            losses = model(micro["tokens"], micro["position_ids"], None, labels=micro["labels"])
-            ((losses * micro["loss_mask"]).sum() / micro["loss_mask"].sum() / len(microbatches)).backward()
-        with torch.no_grad():
-            losses = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-            logged = ((losses * batch["loss_mask"]).sum() / batch["loss_mask"].sum()).item()
-        grads = {key: param.grad.clone() for key, param in model.named_parameters()}
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item()
-        optimizer.step()
-        steps.append(dict(loss=logged, grads=grads, grad_norm=grad_norm,
-                          weights={key: value.clone() for key, value in model.state_dict().items()}))
-    return steps
+    """CP=1 in one process: AdamW and clip_grad_norm_ on `_reference_loss`."""
+    return adamw_reference_steps(_build(name), _global_batches(), _reference_loss, LR, WEIGHT_DECAY, CLIP)
 
 
 def _forward_step(data_iterator, model):
