@@ -131,9 +131,11 @@ class ReferenceGPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def reference_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens, targets) -> torch.Tensor:
-    """One bf16-autocast forward/backward and fused AdamW update; returns the (device) loss."""
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+def reference_train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, tokens, targets, device_type: str = "cuda"
+) -> torch.Tensor:
+    """One bf16-autocast forward/backward and AdamW update; returns the (device) loss."""
+    with torch.autocast(device_type, dtype=torch.bfloat16):
         loss = model(tokens, targets)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
