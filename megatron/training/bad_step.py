@@ -56,11 +56,11 @@ class BadStepGuard:
 
     def __init__(self, args, start_iteration: int):
         self.check_nonfinite = bool(args.check_for_nan_in_loss_and_grad)
-        self.check_spikes = bool(getattr(args, "check_for_spiky_loss", False))
-        self.policy = getattr(args, "bad_step_policy", "stop")
-        self.skip_budget = getattr(args, "bad_step_skip_budget", 0)
-        self.spike_factor = getattr(args, "spiky_loss_factor", 10.0)
-        self.spike_window = getattr(args, "spiky_loss_window", 10)
+        self.check_spikes = bool(args.check_for_spiky_loss)
+        self.policy = args.bad_step_policy
+        self.skip_budget = args.bad_step_skip_budget
+        self.spike_factor = args.spiky_loss_factor
+        self.spike_window = args.spiky_loss_window
         self.grads_before_reduction = not args.overlap_grad_reduce
         self.iteration = start_iteration
         self.skipped = 0
@@ -157,7 +157,8 @@ class BadStepGuard:
                      else "after the data-parallel reduction (--overlap-grad-reduce hides the rank of origin)")
             problems.append(f"non-finite gradients on rank(s) {_ranks(flags, _GRADS)} {where}")
         if _ranks(flags, _SPIKE):
-            problems.append(f"loss spike on rank(s) {_ranks(flags, _SPIKE)}" + (f": {spike_message}" if spike_message else ""))
+            # The loss is global: the ranks that hold it (last pipeline stage) all see the same spike.
+            problems.append(f"loss spike: {spike_message}" if spike_message else "loss spike")
         return f"iteration {self.iteration}: " + "; ".join(problems)
 
     def _apply_policy(self, description: str) -> bool:

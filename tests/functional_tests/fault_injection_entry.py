@@ -1,6 +1,6 @@
-"""`pretrain_gpt.py` with one fault injected, for the fault-injection tests (run under torchrun).
+"""`pretrain_gpt.py` with one fault injected, for the fault-injection tests (run as each rank).
 
-    FAULT=<kind>:<rank>:<iteration> torchrun ... fault_injection_entry.py <pretrain_gpt.py flags>
+    FAULT=<kind>:<rank>:<iteration> python fault_injection_entry.py <pretrain_gpt.py flags>  (RANK, WORLD_SIZE, ... set)
 
     kill_mid_iteration   SIGKILL during the second microbatch of the iteration
     kill_mid_save        SIGKILL half-way through writing this rank's checkpoint file of the iteration

@@ -1,6 +1,8 @@
-"""Faults during a 2-rank CPU job (torchrun, gloo); after each, the job resumes from a complete checkpoint.
+"""Faults during a 2-rank CPU job (gloo); after each, the job resumes from a complete checkpoint.
 
-One job is taken through every fault in turn, each relaunch with the same command line (`--auto-resume`):
+One job is taken through every fault in turn, each relaunch with the same command line (`--auto-resume`).
+The ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the environment);
+launch 4 runs under torchrun itself, whose process alone receives the signal:
 
     launch 1  rank 1 is killed (SIGKILL) in the middle of iteration 3        -> resumes from iteration 2
     launch 2  rank 1's gradients turn NaN in iteration 4 (--bad-step-policy stop): reported with the rank,
@@ -8,7 +10,7 @@ One job is taken through every fault in turn, each relaunch with the same comman
     launch 3  rank 0 is killed half-way through writing the checkpoint of iteration 4
                                                                              -> resumes from iteration 3
     launch 4  SIGTERM to the launcher only; the ranks save and exit 0        -> resumes from there
-    launch 5  the disk fills up while the checkpoint of iteration 8 is written -> resumes from iteration 6
+    launch 5  the disk fills up while the next checkpoint is written          -> resumes from launch 4's
     launch 6  runs to the end
 
 The loss of every iteration (TensorBoard `lm loss`, later launches overwriting the iterations they redo)

@@ -92,7 +92,7 @@ def test_loss_spike_over_the_window_mean_is_a_bad_step(seeded, capsys):
     # Until the window of 3 accepted losses is full nothing is a spike (50 passes); 3 < 2 x mean(1, 50, 2).
     assert [_step(guard, model, False, loss) for loss in (1.0, 50.0, 2.0, 3.0)] == [False, False, False, False]
     assert _step(guard, model, False, 70.0) is True  # 2 x mean(50, 2, 3) = 36.7 < 70
-    assert "loss spike on rank(s) [0]: lm loss 7.000000E+01 is more than 2 x the mean of the last 3" in \
+    assert "iteration 5: loss spike: lm loss 7.000000E+01 is more than 2 x the mean of the last 3" in \
         capsys.readouterr().out
     assert guard.skipped_grad_norm is None  # nothing was non-finite
     assert _step(guard, model, False, 30.0) is False
