@@ -1,13 +1,16 @@
 """Tensor / data parallel checks on a multi-GPU machine (NCCL), through pretrain_gpt.py, one table at the end.
 
-    python tools/bench/parallel_gpu_check.py            # needs 2 GPUs
+    python tools/bench/parallel_gpu_check.py [--skip-throughput]   # needs 2 GPUs
 
 1. Equivalence, fp32, mock data, no dropout, 10 iterations, global batch 8: TP=2 + sequence parallel,
-   DP=2 with the distributed optimizer and both overlaps, and context parallelism CP=2 (ring and all-gather
-   attention) must give the per-iteration `lm loss` of one GPU (relative tolerance 1e-4: GPU reductions are
-   not bitwise reproducible across layouts).
+   DP=2 with the distributed optimizer and both overlaps, pipeline parallelism PP=2 (1F1B, and interleaved
+   with 2 virtual stages per rank) and context parallelism CP=2 (ring and all-gather attention) must give the per-iteration `lm loss` of one GPU (relative tolerance 1e-4: GPU reductions are
+   not bitwise reproducible across layouts). Layer weights are drawn per stage, so a pipeline run does not
+   start from one GPU's initial weights: the PP rows and their one-GPU reference all resume from one
+   `torch_dist` checkpoint written by one GPU after its first iteration (resharded on load).
 2. Throughput, bf16, the PERF.md GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
-   (sequence parallel), tokens/s per GPU and peak memory from the console lines.
+   (sequence parallel), tokens/s per GPU and peak memory from the console lines (`--skip-throughput`
+   leaves it out).
 3. Long sequence, bf16, the 1.3B shape with RoPE at micro-batch 1: the sequence length is doubled from 32768
    until one GPU runs out of memory, then CP=2 (ring attention) must train that length.
 """
@@ -16,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MOCK = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--num-workers", "2",
@@ -32,6 +36,7 @@ GPT_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "204
 DP2 = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 CP2 = ["--context-parallel-size", "2"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
 LONG_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
              "--position-embedding-type", "rope", "--micro-batch-size", "1", "--global-batch-size", "1", "--bf16",
              "--train-iters", "3", "--log-interval", "1"]
@@ -63,18 +68,34 @@ def last(pattern: str, output: str) -> float:
     return float(re.findall(pattern, output)[-1])
 
 
-def main() -> int:
-    reference = losses(train(1, SMALL))
+def equivalence(workdir: str) -> tuple[list[str], bool]:
+    """One row per layout: its per-iteration losses against one GPU's from the same starting weights."""
+    start = os.path.join(workdir, "start")
+    train(1, SMALL + ["--train-iters", "1", "--save", start, "--save-interval", "1", "--ckpt-format", "torch_dist"])
+    resume = ["--load", start, "--ckpt-format", "torch_dist", "--no-load-rng",
+              "--override-opt-param-scheduler", "--train-iters", "11"]
+    references = {"init": losses(train(1, SMALL)), "resume": losses(train(1, SMALL + resume))}
     rows, ok = [], True
-    for name, gpus, extra in [("TP=2 + SP", 2, TP2), ("DP=2 dist-opt overlap", 2, DP2), ("CP=2 ring", 2, CP2),
-                              ("CP=2 all-gather", 2, CP2 + ["--cp-comm-type", "allgather"])]:
+    for name, gpus, extra, start_from in [
+            ("TP=2 + SP", 2, TP2, "init"), ("DP=2 dist-opt overlap", 2, DP2, "init"),
+            ("PP=2 1F1B", 2, PP2 + resume, "resume"),
+            ("PP=2 interleaved x2", 2, PP2 + resume + ["--num-layers-per-virtual-pipeline-stage", "1"], "resume"),
+            ("CP=2 ring", 2, CP2, "init"), ("CP=2 all-gather", 2, CP2 + ["--cp-comm-type", "allgather"], "init")]:
+        reference = references[start_from]
         got = losses(train(gpus, SMALL + extra))
         worst = max(abs(a - b) / abs(b) for a, b in zip(got, reference))
         ok &= len(got) == len(reference) and worst <= 1e-4
         rows.append(f"{name:<24} iterations {len(got):>2}  max rel diff vs 1 GPU {worst:.2e}")
+    return rows, ok
+
+
+def main() -> int:
+    skip_throughput = "--skip-throughput" in sys.argv[1:]
+    with tempfile.TemporaryDirectory() as workdir:
+        rows, ok = equivalence(workdir)
 
     throughput = []
-    for name, gpus, extra in [("1 GPU", 1, ["--global-batch-size", "4"]),
+    for name, gpus, extra in [] if skip_throughput else [("1 GPU", 1, ["--global-batch-size", "4"]),
                               ("DP=2 dist-opt overlap", 2, DP2 + ["--global-batch-size", "8"]),
                               ("TP=2 + SP", 2, TP2 + ["--global-batch-size", "4"])]:
         output = train(gpus, GPT_1_3B + extra)
@@ -98,11 +119,12 @@ def main() -> int:
     print("\nequivalence (fp32, 10 iterations, lm loss per iteration vs one GPU):")
     print("\n".join(rows))
     print(f"equivalence {'PASSED' if ok else 'FAILED'} (tolerance 1e-4 relative)")
-    base = throughput[0][2]
-    print("\nGPT 1.3B, bf16, seq 2048, micro batch 4:")
-    print(f"{'layout':<24}{'GPUs':>5}{'tokens/s/GPU':>14}{'x 1 GPU (total)':>17}{'peak MB':>10}")
-    for name, gpus, tokens, memory in throughput:
-        print(f"{name:<24}{gpus:>5}{tokens:>14.0f}{tokens * gpus / base:>17.2f}{memory:>10.0f}")
+    if throughput:
+        base = throughput[0][2]
+        print("\nGPT 1.3B, bf16, seq 2048, micro batch 4:")
+        print(f"{'layout':<24}{'GPUs':>5}{'tokens/s/GPU':>14}{'x 1 GPU (total)':>17}{'peak MB':>10}")
+        for name, gpus, tokens, memory in throughput:
+            print(f"{name:<24}{gpus:>5}{tokens:>14.0f}{tokens * gpus / base:>17.2f}{memory:>10.0f}")
     print("\nlong sequence, GPT 1.3B + RoPE, bf16, micro batch 1:")
     print(long_row)
     print(f"long sequence {'PASSED' if long_ok else 'FAILED'}")
