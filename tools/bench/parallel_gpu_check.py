@@ -55,8 +55,11 @@ def train(gpus: int, args: list[str], out_of_memory_ok: bool = False) -> str | N
                             capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         if out_of_memory_ok and "out of memory" in (result.stdout + result.stderr).lower():
+            print(f"{gpus} GPU(s), {' '.join(args[-8:])}: out of memory", file=sys.stderr, flush=True)
             return None
         raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    # Progress on stderr, so a run cut short by a time limit still shows what finished.
+    print(f"{gpus} GPU(s), {' '.join(args[-8:])}: lm loss {losses(result.stdout)[-1:]}", file=sys.stderr, flush=True)
     return result.stdout
 
 
