@@ -37,9 +37,11 @@ def detect_checkpoint_format(checkpoint_dir, args) -> str:
             f"{checkpoint_dir} is an incompletely written distributed checkpoint (no metadata.json: its save was "
             "interrupted); load an earlier iteration with --ckpt-step"
         )
-    if found != args.ckpt_format and not args.auto_detect_ckpt_format:
+    # Tools that read checkpoints without the training flags (text generation) expect the torch format.
+    wanted = getattr(args, "ckpt_format", "torch")
+    if found != wanted and not getattr(args, "auto_detect_ckpt_format", False):
         raise ValueError(
-            f"{checkpoint_dir} is a {found} checkpoint but this run has --ckpt-format {args.ckpt_format}: pass "
+            f"{checkpoint_dir} is a {found} checkpoint but this run has --ckpt-format {wanted}: pass "
             f"--ckpt-format {found}, or --auto-detect-ckpt-format to load either format"
         )
     return found
