@@ -9,11 +9,18 @@ wrote them, and the reader copies each intersection into a view of the live tens
 """
 
 import io
+import math
 from typing import Dict, List, Tuple
 
 import torch
-from torch.distributed.checkpoint.default_planner import _validate_global_plan, create_default_global_save_plan
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -73,7 +80,7 @@ class ShardedSavePlanner(SavePlanner):
 
     def create_global_plan(self, all_plans: List[SavePlan]) -> Tuple[List[SavePlan], Metadata]:
         global_plan, metadata = create_default_global_save_plan(all_plans)
-        problems = _validate_global_plan(global_plan, metadata)
+        problems = _tiling_problems(metadata)
         if problems:
             raise ValueError(
                 "the ranks' pieces do not tile the global tensors exactly (a layout bug, not a user error): "
@@ -176,3 +183,26 @@ def _object_read_item(key: str) -> ReadItem:
         storage_offsets=torch.Size((0,)),
         lengths=torch.Size((0,)),
     )
+
+
+def _tiling_problems(metadata: Metadata) -> List[str]:
+    """Keys whose saved chunks leave the global shape, or do not add up to it.
+
+    Our own check rather than DCP's private `_validate_global_plan`, whose return type changed between
+    torch releases (a bool in 2.11, a list of messages in 2.13). In-bounds chunks at distinct offsets whose
+    volumes sum to the tensor's tile it unless a gap and an overlap cancel, which no layout here produces;
+    a pairwise overlap test would cost ranks^2 per key.
+    """
+    problems = []
+    for key, meta in metadata.state_dict_metadata.items():
+        if not isinstance(meta, TensorStorageMetadata):
+            continue
+        volume = 0
+        for chunk in meta.chunks:
+            if any(o < 0 or o + n > size for o, n, size in zip(chunk.offsets, chunk.sizes, meta.size)):
+                problems.append(f"{key}: a piece at {tuple(chunk.offsets)} of shape {tuple(chunk.sizes)} lies "
+                                f"outside the global shape {tuple(meta.size)}")
+            volume += math.prod(chunk.sizes)
+        if len({tuple(c.offsets) for c in meta.chunks}) != len(meta.chunks) or volume != math.prod(meta.size):
+            problems.append(f"{key}: the pieces cover {volume} of {math.prod(meta.size)} elements")
+    return problems
