@@ -203,6 +203,8 @@ def _tiling_problems(metadata: Metadata) -> List[str]:
                 problems.append(f"{key}: a piece at {tuple(chunk.offsets)} of shape {tuple(chunk.sizes)} lies "
                                 f"outside the global shape {tuple(meta.size)}")
             volume += math.prod(chunk.sizes)
-        if len({tuple(c.offsets) for c in meta.chunks}) != len(meta.chunks) or volume != math.prod(meta.size):
+        if len({tuple(c.offsets) for c in meta.chunks}) != len(meta.chunks):
+            problems.append(f"{key}: two pieces start at the same offset")
+        elif volume != math.prod(meta.size):
             problems.append(f"{key}: the pieces cover {volume} of {math.prod(meta.size)} elements")
     return problems
