@@ -37,6 +37,7 @@ def _experts(num_local: int, hidden: int, ffn: int) -> GroupedMLP:
         num_layers=1, hidden_size=hidden, num_attention_heads=8, num_moe_experts=num_local, moe_ffn_hidden_size=ffn,
         add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu, params_dtype=torch.bfloat16,
         moe_grouped_gemm=True, init_method_std=0.01,
+        moe_router_topk=1,  # no router here; top-k must only be valid for a layer of `num_local` experts
     )
     return GroupedMLP(num_local, config, list(range(num_local))).cuda()
 
