@@ -52,4 +52,8 @@ class LanguageModule(MegatronModule):
             self.output_layer.weight.shared_embedding = True
         if dist.is_initialized() and parallel_state.is_rank_in_embedding_group():
             weight = self.shared_embedding_or_output_weight()
-            dist.all_reduce(weight.data, group=parallel_state.get_embedding_group())
+            # The weights may still be on the CPU here (get_model moves the model to the GPU afterwards);
+            # NCCL needs the collective's tensor on the GPU.
+            values = weight.data.to(parallel_state.collective_device())
+            dist.all_reduce(values, group=parallel_state.get_embedding_group())
+            weight.data.copy_(values)
