@@ -178,6 +178,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         pairs = [(model, main) for model, main in zip(self.model_shards, self.main_shards) if model is not main]
         return [model for model, _ in pairs], [main for _, main in pairs]
 
+    def _main_to_model_params(self) -> dict:
+        model_shards, main_shards = self._float16_shards()
+        return dict(zip(main_shards, model_shards))
+
     def _copy_main_params_to_model_params(self) -> None:
         model_shards, main_shards = self._float16_shards()
         if model_shards:

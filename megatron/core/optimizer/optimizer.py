@@ -23,6 +23,7 @@ from typing import List, Optional
 import torch
 
 from .. import parallel_state
+from ..fusions.fused_adamw import FusedAdamW
 from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 from ..timers import timed
 from .clip_grads import (
@@ -233,6 +234,7 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         if grad_scaler is None and config.fp16:
             raise ValueError("fp16 training needs a grad scaler (ConstantGradScaler or DynamicGradScaler)")
         self.grad_scaler = grad_scaler
+        self._fused_adamw = None  # decided at the first step, once the main params exist
 
     def get_loss_scale(self) -> torch.Tensor:
         if self.grad_scaler is None:
@@ -279,11 +281,26 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
 
     @torch.no_grad()
     def step_with_ready_grads(self) -> bool:
+        """AdamW on the main params and the copy into the model params: one Triton kernel on a GPU
+        (fusions/fused_adamw.py), else the inner optimizer's step followed by a foreach copy."""
+        if self._fused_adamw is None:
+            supported = FusedAdamW.supports(self.optimizer, self.get_parameters())
+            self._fused_adamw = (FusedAdamW(self.optimizer), self._main_to_model_params()) if supported else False
+        if self._fused_adamw:
+            fused, model_of = self._fused_adamw
+            with self._timed("optimizer-inner-step"):
+                fused.step(model_of, getattr(self.optimizer, "grad_scale", None))
+            return True
         with self._timed("optimizer-inner-step"):
             self.optimizer.step()
         with self._timed("optimizer-copy-main-to-model-params"):
             self._copy_main_params_to_model_params()
         return True
+
+    @abstractmethod
+    def _main_to_model_params(self) -> dict:
+        """{fp32 main param: the bf16/fp16 model tensor it is copied into} (params that are their own main
+        param are absent)."""
 
     @abstractmethod
     def _collect_main_grads(self) -> List[torch.Tensor]:
@@ -365,6 +382,13 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
             for model_param in group:
                 if hasattr(model_param, "main_grad"):
                     model_param.grad = model_param.main_grad
+
+    def _main_to_model_params(self) -> dict:
+        return {
+            main_param: model_param
+            for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups)
+            for model_param, main_param in zip(model_group, main_group)
+        }
 
     def _model_and_main_params(self):
         model_params = [param.data for group in self.float16_groups for param in group]

@@ -1,0 +1,111 @@
+"""The Triton AdamW (megatron/core/fusions/fused_adamw.py) against torch's AdamW followed by the copy into
+the bf16 model params.
+
+On a GPU the kernel runs compiled; on a CPU with Triton installed the same kernel runs in Triton's
+interpreter (TRITON_INTERPRET=1, set before Triton is imported, hence the subprocess). The interpreter
+rounds fp32 -> bf16 by truncation where compiled Triton rounds to nearest even, so only the GPU test asks
+for the bf16 copies to equal torch's rounding bit for bit.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from megatron.core.fusions.fused_adamw import FusedAdamW
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# Shapes with tails that do not fill a block, one of several blocks, and an empty group.
+SHAPES = ((37,), (128, 64), (5000,), (3, 4097), (1,))
+
+CHECK = """
+import copy
+
+import torch
+from megatron.core.fusions.fused_adamw import FusedAdamW
+
+
+def check(device, exact_copy):
+    torch.manual_seed(0)
+    reference = [torch.randn(shape, device=device) for shape in {shapes}]
+    main = [param.clone() for param in reference]
+    model = [param.bfloat16() for param in main[:-1]]  # the last param is its own main param (fp32)
+
+    def groups(params):
+        return [
+            {{"params": params[:2], "weight_decay": 0.1}},
+            {{"params": params[2:], "weight_decay": 0.0, "lr": 3e-3, "betas": (0.8, 0.99)}},
+            {{"params": [], "weight_decay": 0.0}},
+        ]
+
+    torch_adamw = torch.optim.AdamW(groups(reference), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+    optimizer = torch.optim.AdamW(groups(main), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+    fused = FusedAdamW(optimizer)
+    for step in range(4):
+        grads = [torch.randn_like(param) for param in reference]
+        grad_scale = torch.tensor([1.0 + step], device=device) if step % 2 else None
+        for param, grad in zip(reference, grads):
+            param.grad = grad / grad_scale if grad_scale is not None else grad.clone()
+        for param, grad in zip(main, grads):
+            param.grad = grad.clone()
+        if step == 2:  # a new schedule value reaches the kernel
+            for group in torch_adamw.param_groups + optimizer.param_groups:
+                group["lr"] *= 0.5
+        torch_adamw.step()
+        fused.step(dict(zip(main, model)), grad_scale)
+        for ours, theirs in zip(main, reference):
+            torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(optimizer.state[ours][key], torch_adamw.state[theirs][key],
+                                           rtol=1e-5, atol=1e-7)
+            assert float(optimizer.state[ours]["step"]) == float(torch_adamw.state[theirs]["step"]) == step + 1
+        for model_copy, param in zip(model, main):
+            if exact_copy:  # compiled Triton rounds to nearest even, as torch does
+                assert torch.equal(model_copy, param.bfloat16())
+            else:  # the interpreter truncates: one bf16 step at most
+                torch.testing.assert_close(model_copy.float(), param, rtol=2**-7, atol=0.0)
+    # A loaded checkpoint replaces the state tensors: the launch table follows.
+    optimizer.load_state_dict(copy.deepcopy(torch_adamw.state_dict()))
+    for param, theirs in zip(main, reference):
+        param.data.copy_(theirs)
+        param.grad = torch.ones_like(param)
+        theirs.grad = torch.ones_like(theirs)
+    torch_adamw.step()
+    fused.step(dict(zip(main, model)))
+    for ours, theirs in zip(main, reference):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+"""
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
+def test_fused_adamw_equals_torch_adamw_in_the_triton_interpreter():
+    program = CHECK.format(shapes=SHAPES) + "\ncheck('cpu', exact_copy=False)\n"
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(program)], env=environment,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_adamw_equals_torch_adamw_on_the_gpu():
+    namespace = {}
+    exec(CHECK.format(shapes=SHAPES), namespace)
+    namespace["check"]("cuda", exact_copy=True)
+
+
+def test_supports_only_what_the_kernel_computes():
+    params = [torch.nn.Parameter(torch.zeros(4))]
+    assert not FusedAdamW.supports(torch.optim.AdamW(params, lr=1.0), params)  # CPU tensors
+    assert not FusedAdamW.supports(torch.optim.SGD(params, lr=1.0), params)
+    if torch.cuda.is_available() and HAS_TRITON:
+        cuda = [torch.nn.Parameter(torch.zeros(4, device="cuda"))]
+        assert FusedAdamW.supports(torch.optim.AdamW(cuda, lr=1.0), cuda)
+        assert not FusedAdamW.supports(torch.optim.AdamW(cuda, lr=1.0, amsgrad=True), cuda)
+        assert not FusedAdamW.supports(torch.optim.Adam(cuda, lr=1.0, weight_decay=0.1), cuda)  # L2, not AdamW
+        assert FusedAdamW.supports(torch.optim.Adam(cuda, lr=1.0), cuda)

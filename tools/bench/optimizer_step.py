@@ -1,0 +1,104 @@
+"""Time of one mixed-precision AdamW step on one GPU: torch's fused AdamW followed by the copy into the bf16
+model params (the path before fusions/fused_adamw.py) against the Triton kernel that does both in one pass.
+
+    python tools/bench/optimizer_step.py                   # GPT 1.3B and Llama-style 3.6B parameter shapes
+
+The parameters have the shapes of the PERF.md models (per layer: QKV, projection, MLP, norms; embeddings,
+output layer), fp32 main params and gradients, bf16 model params, AdamW with two param groups (decay, no
+decay) and a gradient-clipping scale, as in training. Reported: milliseconds per step (median of 20) and
+the effective bandwidth over the bytes each path must move (torch: 28 + 6 bytes per param in two passes;
+fused: 30 bytes in one).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from megatron.core.fusions.fused_adamw import FusedAdamW  # noqa: E402
+
+# name: (layers, hidden, ffn, query groups / heads, vocab, swiglu, biases, untied output layer)
+MODELS = {
+    "gpt-1.3b": (24, 2048, 8192, 1.0, 50304, False, True, False),
+    "llama-3.6b": (28, 3072, 8192, 8 / 24, 128256, True, False, True),
+}
+
+
+def parameter_shapes(layers, hidden, ffn, kv_fraction, vocab, swiglu, biases, untied) -> list:
+    qkv = int(hidden * (1 + 2 * kv_fraction))
+    per_layer = [(qkv, hidden), (hidden, hidden), ((2 if swiglu else 1) * ffn, hidden), (hidden, ffn),
+                 (hidden,), (hidden,)]
+    if biases:
+        per_layer += [(qkv,), (hidden,), (ffn,), (hidden,), (hidden,), (hidden,)]
+    return [(vocab, hidden)] * (1 + untied) + per_layer * layers + [(hidden,)]
+
+
+def build(shapes, seed: int):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    main = [torch.randn(shape, device="cuda", generator=generator) for shape in shapes]
+    for param in main:
+        param.grad = torch.randn(param.shape, device="cuda", generator=generator) * 1e-2
+    model = [param.bfloat16() for param in main]
+    groups = [{"params": [p for p in main if p.dim() > 1], "weight_decay": 0.1},
+              {"params": [p for p in main if p.dim() == 1], "weight_decay": 0.0}]
+    return main, model, torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), fused=True)
+
+
+def milliseconds(step, repeats: int = 20) -> float:
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    options = parser.parse_args()
+    rows = ["| model | params | torch fused AdamW + copy | Triton AdamW with copy | speed-up |", "|---|---|---|---|---|"]
+    for name in options.models.split(","):
+        shapes = parameter_shapes(*MODELS[name])
+        numel = sum(torch.Size(shape).numel() for shape in shapes)
+        grad_scale = torch.tensor([1.5], device="cuda")
+
+        main, model, optimizer = build(shapes, 0)
+
+        def torch_step():
+            optimizer.grad_scale = grad_scale
+            optimizer.step()
+            torch._foreach_copy_(model, main)
+
+        torch_ms = milliseconds(torch_step)
+        del main, model, optimizer
+        torch.cuda.empty_cache()
+
+        main, model, optimizer = build(shapes, 0)
+        fused = FusedAdamW(optimizer)
+        model_of = dict(zip(main, model))
+        fused_ms = milliseconds(lambda: fused.step(model_of, grad_scale))
+        del main, model, optimizer, fused, model_of
+        torch.cuda.empty_cache()
+
+        def bandwidth(ms, bytes_per_param):
+            return f"{bytes_per_param * numel / ms / 1e9:.2f} TB/s"
+
+        rows.append(f"| {name} | {numel / 1e9:.2f}B | {torch_ms:.1f} ms ({bandwidth(torch_ms, 34)}) | "
+                    f"{fused_ms:.1f} ms ({bandwidth(fused_ms, 30)}) | {torch_ms / fused_ms:.2f}x |")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
