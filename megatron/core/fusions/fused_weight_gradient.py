@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
     """main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated in main_grad's fp32."""
     if main_grad.is_cuda:
         torch.addmm(main_grad, grad_output.t(), input, out_dtype=main_grad.dtype, out=main_grad)
@@ -36,7 +36,7 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         grad_input = grad_output.matmul(weight)  # [..., out] @ [out, in]
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [n, out]
-        _accumulate_weight_gradient(weight.main_grad, grad_output_2d, input.reshape(-1, input.size(-1)))
+        accumulate_weight_gradient(weight.main_grad, grad_output_2d, input.reshape(-1, input.size(-1)))
         weight.grad_added_to_main_grad = True
         dummy_weight_grad = torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
         grad_bias = grad_output_2d.sum(dim=0) if ctx.has_bias else None

@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from megatron.core import parallel_state
+from megatron.core.fp8.scaling import update_fp8_scaling
 
 
 class GradSyncSwitch:
@@ -52,7 +53,10 @@ def new_token_count() -> torch.Tensor:
 
 def finalize_gradients(config, model_chunks: list, total_num_tokens: torch.Tensor) -> None:
     """`config.finalize_model_grads_func(chunks, tokens)`; the global token count is passed only with
-    calculate_per_token_loss (then all gradients are divided by it)."""
+    calculate_per_token_loss (then all gradients are divided by it). With FP8 the delayed scales are
+    updated from this step's amaxes first (megatron/core/fp8/scaling.py)."""
+    if getattr(config, "fp8", None) is not None:
+        update_fp8_scaling(model_chunks)
     if config.finalize_model_grads_func is None:
         return
     config.finalize_model_grads_func(model_chunks, total_num_tokens if config.calculate_per_token_loss else None)

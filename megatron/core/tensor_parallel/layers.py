@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.core import parallel_state
+from megatron.core.fp8.linear import fp8_linear
+from megatron.core.fp8.scaling import load_fp8_extra_state, save_fp8_extra_state
 from megatron.core.fusions.fused_weight_gradient import linear_with_grad_accumulation
 from megatron.core.model_parallel_config import ModelParallelConfig, reject_unsupported
 from megatron.core.tensor_parallel.mappings import (
@@ -105,6 +107,24 @@ def _initialize_affine_weight(weight, full_shape, partition_dim, init_method, st
         weight.copy_(torch.cat(pieces, dim=partition_dim))
 
 
+def _prepare_fp8(layer: torch.nn.Module) -> None:
+    """`layer.fp8` (an `Fp8Scaling`, set by a transformer layer that runs in FP8) or None; its state is
+    saved as `<layer>._extra_state` and restored from there (megatron/core/fp8/scaling.py)."""
+    layer.fp8 = None
+    layer.register_state_dict_post_hook(save_fp8_extra_state)
+    layer.register_load_state_dict_pre_hook(load_fp8_extra_state)
+
+
+def _local_gemm(layer: torch.nn.Module, input_: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """The layer's own GEMM: FP8, or with the weight gradient accumulated into `main_grad`, or F.linear."""
+    fusion = layer.config.gradient_accumulation_fusion
+    if layer.fp8 is not None:
+        return fp8_linear(input_, weight, bias, layer.fp8, fusion)
+    if fusion:
+        return linear_with_grad_accumulation(input_, weight, bias)
+    return F.linear(input_, weight, bias)
+
+
 def _zero_bias(size: int, config: ModelParallelConfig) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype, device=parameter_device(config)))
 
@@ -169,6 +189,7 @@ class ColumnParallelLinear(torch.nn.Module):
             set_tensor_model_parallel_attributes(self.bias, world_size > 1, 0, stride)
         else:
             self.register_parameter("bias", None)
+        _prepare_fp8(self)
 
     def forward(self, input_: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
         """`weight` replaces the layer's own (a tied output layer passes the embedding weight)."""
@@ -188,8 +209,8 @@ class ColumnParallelLinear(torch.nn.Module):
         else:
             input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
         bias = None if self.skip_bias_add else self.bias
-        if self.config.gradient_accumulation_fusion and weight is self.weight:  # not a tied, passed-in weight
-            output = linear_with_grad_accumulation(input_parallel, weight, bias)
+        if weight is self.weight:  # not a tied, passed-in weight
+            output = _local_gemm(self, input_parallel, weight, bias)
         else:
             output = F.linear(input_parallel, weight, bias)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
@@ -245,6 +266,7 @@ class RowParallelLinear(torch.nn.Module):
             self.bias.sequence_parallel = self.sequence_parallel
         else:
             self.register_parameter("bias", None)
+        _prepare_fp8(self)
 
     def forward(self, input_: torch.Tensor):
         if self.input_is_parallel:
@@ -253,8 +275,7 @@ class RowParallelLinear(torch.nn.Module):
             input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
         # At TP = 1 the bias can go into the GEMM; otherwise it must be added once, after the reduction.
         fuse_bias = self.tp_world_size == 1 and not self.skip_bias_add
-        linear = linear_with_grad_accumulation if self.config.gradient_accumulation_fusion else F.linear
-        output = linear(input_parallel, self.weight, self.bias if fuse_bias else None)
+        output = _local_gemm(self, input_parallel, self.weight, self.bias if fuse_bias else None)
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
         else:

@@ -16,6 +16,7 @@ from typing import Callable, List, Optional, Union
 
 import torch.nn.functional as F
 
+from megatron.core.fp8.recipe import fp8_config_problems
 from megatron.core.model_parallel_config import ModelParallelConfig, divisors, raise_config_problems
 from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
@@ -236,10 +237,41 @@ class TransformerConfig(ModelParallelConfig):
     moe_permute_fusion: bool = False
     """Accepted for compatibility: the token permutation is the same function either way."""
 
-    # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
+    # --- FP8 training (megatron/core/fp8): the transformer layers' linears through torch._scaled_mm --------
     fp8: Optional[str] = None
-    """FP8 training format ("e4m3" or "hybrid")."""
+    """FP8 GEMMs: "e4m3" (every operand E4M3) or "hybrid" (E4M3 forward, E5M2 output gradients); None: off."""
 
+    fp8_recipe: str = "delayed"
+    """"delayed" (scales from an amax history of earlier steps) or "tensorwise" (each tensor's own amax)."""
+
+    fp8_margin: int = 0
+    """scale = fp8_max / amax / 2^margin."""
+
+    fp8_interval: int = 1
+    """Accepted for compatibility (deprecated in Megatron-Core): scales are updated after every step."""
+
+    fp8_amax_history_len: int = 1
+    """Steps of amax history per operand (delayed recipe)."""
+
+    fp8_amax_compute_algo: str = "most_recent"
+    """The amax a scale comes from: "most_recent" or the "max" of the history (delayed recipe)."""
+
+    fp8_wgrad: bool = True
+    """Weight gradients as FP8 GEMMs too; False computes them in bf16 (`--no-fp8-wgrad`)."""
+
+    fp8_param: bool = False
+    """Keep parameters in FP8 (`--fp8-param-gather`): not supported yet."""
+
+    first_last_layers_bf16: bool = False
+    """Keep the first `num_layers_at_start_in_bf16` and last `num_layers_at_end_in_bf16` layers out of FP8."""
+
+    num_layers_at_start_in_bf16: int = 1
+    """Leading layers kept in bf16 with `first_last_layers_bf16`."""
+
+    num_layers_at_end_in_bf16: int = 1
+    """Trailing layers kept in bf16 with `first_last_layers_bf16`."""
+
+    # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
     multi_latent_attention: bool = False
     """DeepSeek multi-latent attention."""
 
@@ -251,7 +283,10 @@ class TransformerConfig(ModelParallelConfig):
 
     def __post_init__(self):
         problems = self.parallelism_problems()
-        problems += self._size_problems()
+        size_problems = self._size_problems()
+        problems += size_problems
+        if not size_problems:  # the GEMM sizes are known
+            problems += fp8_config_problems(self)
         problems += self._recompute_problems()
         problems += self._feature_problems()
         problems += moe_config_problems(self)
@@ -362,7 +397,6 @@ class TransformerConfig(ModelParallelConfig):
 
     def _feature_problems(self) -> list[str]:
         not_yet = {
-            "fp8": self.fp8 is not None,
             "multi_latent_attention": self.multi_latent_attention,
             "window_size": self.window_size is not None,
             "fp32_residual_connection": self.fp32_residual_connection,

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, layer_runs_in_fp8
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.module import MegatronModule
@@ -65,7 +67,16 @@ class TransformerLayer(MegatronModule):
         if hasattr(self.mlp, "set_layer_number"):  # MoE layers log their router losses per layer
             self.mlp.set_layer_number(self.layer_number)
         self.mlp_bda = build_module(submodules.mlp_bda)
+        if layer_runs_in_fp8(config, self.layer_number):
+            self._use_fp8_gemms(Fp8Recipe.from_config(config))
         self._compiled_forward = None  # built on the first compiled call (`config.use_torch_compile`)
+
+    def _use_fp8_gemms(self, recipe: Fp8Recipe) -> None:
+        """Runs every parallel linear of this layer (QKV, projection, fc1, fc2; cross-attention's) in FP8,
+        each GEMM with its own scaling state (megatron/core/fp8)."""
+        for module in self.modules():
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.weight is not None:
+                module.fp8 = Fp8Scaling(recipe, module.weight.device)
 
     def forward(
         self,

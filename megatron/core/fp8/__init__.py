@@ -1,0 +1,17 @@
+"""FP8 training without Transformer Engine: the transformer layers' linears through `torch._scaled_mm`.
+
+    recipe.py     formats (e4m3 / hybrid), recipes (delayed / tensorwise), which layers, config checks
+    quantize.py   per-tensor saturating casts (compiled on CUDA)
+    scaling.py    per-GEMM scaling state (amax history, scales), its step-end update, its checkpoint entry
+    linear.py     the FP8 linear autograd function
+
+Configured by `TransformerConfig.fp8` and the other fp8_* fields (`--fp8-format` ...). The pipeline
+schedules call `update_fp8_scaling` after each step's last backward; a training loop that calls the model
+directly must call it once per step itself (after backward, before the next forward).
+"""
+
+from megatron.core.fp8.linear import fp8_linear
+from megatron.core.fp8.recipe import Fp8Recipe, fp8_config_problems, layer_runs_in_fp8
+from megatron.core.fp8.scaling import Fp8Scaling, update_fp8_scaling
+
+__all__ = ["Fp8Recipe", "Fp8Scaling", "fp8_config_problems", "fp8_linear", "layer_runs_in_fp8", "update_fp8_scaling"]

@@ -1,0 +1,108 @@
+"""The FP8 linear layer: Y = X W^T (+ b) with X, W and dY quantized per tensor, three `torch._scaled_mm` GEMMs.
+
+    X [M, K] (M tokens), W [N, K], Y [M, N]; q_T = quantize(T) (scaling.py), s_T its inverse scale
+    forward   Y  = (q_X s_X) (q_W s_W)^T (+ b)      q_X, q_W in E4M3; bf16 output, bias in the GEMM
+    backward  dX = (q_dY s_dY) (q_W s_W)             q_dY in E4M3 (fp8="e4m3") or E5M2 ("hybrid")
+              dW = (q_dY s_dY)^T (q_X s_X)           fp32 output; bf16 dY^T X with wgrad=False
+              db = sum over tokens of dY
+
+Layouts (`torch._scaled_mm(a, b)` wants `a` row-major, `b` column-major, sizes multiples of 16): the forward
+takes q_X [M, K] and q_W^T (q_W [N, K] as it is); dX takes q_dY [M, N] and q_W re-quantized from W^T with
+the forward's scale (contiguous [K, N], so nothing of W's size is kept from forward to backward); dW takes
+q_dY^T [N, M'] and q_X^T [K, M'] (M' = M rounded up to 16 with zero tokens). Saved for backward: q_X (one
+byte per element instead of bf16's two), or X itself with wgrad=False. The forward GEMM accumulates with
+cuBLAS' fast mode and the two backward GEMMs without it, as Transformer Engine and torchao do.
+
+With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` and the weight is marked
+`grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (the
+flag still False: DDP zeroed `main_grad` and nothing has written it since) is written straight into
+`main_grad` by the GEMM; later microbatches add theirs.
+
+On CUDA the GEMMs need compute capability 8.9 (Ada, Hopper) or newer; on CPU `torch._scaled_mm` computes
+the same products exactly (slowly), which is what the CPU tests run.
+"""
+
+import functools
+
+import torch
+
+from megatron.core.fp8.quantize import quantize_transposed, transpose_padded
+from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Scaling
+from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
+
+
+@functools.cache
+def _check_device(device: torch.device) -> None:
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise RuntimeError(
+            f"FP8 GEMMs (torch._scaled_mm) need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+            f"Blackwell); {torch.cuda.get_device_name(device)} has {major}.{minor}: train without --fp8-format"
+        )
+
+
+def _scaled_mm(a, b, scale_a, scale_b, out_dtype, fast_accumulation=False, bias=None, out=None):
+    return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
+                            use_fast_accum=fast_accumulation, out=out)
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool):
+        in_features, out_features = weight.shape[1], weight.shape[0]
+        x = input.reshape(-1, in_features).contiguous()  # [M, K]
+        record = scaling.training
+        q_x = scaling.quantize(x, INPUT, record)
+        q_w = scaling.quantize(weight, WEIGHT, record)
+        # _scaled_mm adds a bias only to a bf16/fp16 output of the bias' dtype.
+        fused_bias = bias if bias is not None and bias.dtype == input.dtype != torch.float32 else None
+        output = _scaled_mm(q_x.data, q_w.data.t(), q_x.scale_inv, q_w.scale_inv, input.dtype, True, fused_bias)
+        if bias is not None and fused_bias is None:
+            output = output + bias
+        wgrad_operand = q_x.data if scaling.recipe.wgrad else x
+        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, weight, q_w.scale, q_w.scale_inv)
+        ctx.scaling, ctx.record, ctx.accumulate = scaling, record, accumulate
+        ctx.has_bias, ctx.input_shape = bias is not None, input.shape
+        return output.view(*input.shape[:-1], out_features)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        wgrad_operand, x_scale_inv, weight, w_scale, w_scale_inv = ctx.saved_tensors
+        scaling = ctx.scaling
+        dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
+        q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record)
+        w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
+        grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
+        grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight)
+        grad_bias = dy.sum(dim=0) if ctx.has_bias else None
+        return grad_input.view(ctx.input_shape), grad_weight, grad_bias, None, None
+
+
+def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
+    """dW [N, K]: returned, or (ctx.accumulate) put into `weight.main_grad` with a dummy returned."""
+    if not ctx.scaling.recipe.wgrad:  # wgrad_operand is X [M, K] in bf16
+        if not ctx.accumulate:
+            return dy.t().matmul(wgrad_operand)
+        accumulate_weight_gradient(weight.main_grad, dy, wgrad_operand)
+    else:
+        a, b = transpose_padded(q_dy.data), transpose_padded(wgrad_operand).t()  # [N, M'], [M', K]
+        if not ctx.accumulate:
+            return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
+        if weight.grad_added_to_main_grad:
+            weight.main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, torch.float32))
+        else:
+            _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, torch.float32, out=weight.main_grad)
+    weight.grad_added_to_main_grad = True
+    return torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
+
+
+@torch.compiler.disable  # a compiled transformer layer runs this GEMM eagerly (its quantizations compile alone)
+def fp8_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: Fp8Scaling,
+               gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+    """`F.linear(input, weight, bias)` with FP8 GEMMs (module docstring): input [..., K] -> [..., N].
+    With `gradient_accumulation_fusion` the weight gradient goes into `weight.main_grad` where DDP set one up."""
+    _check_device(input.device)
+    accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
+    return _Fp8Linear.apply(input, weight, bias, scaling, accumulate)

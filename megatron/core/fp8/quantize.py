@@ -1,0 +1,75 @@
+"""Per-tensor FP8 quantization: q = saturate(x * scale) in E4M3 or E5M2, and the amax it records.
+
+    saturate(v) = clamp(v, -fp8_max, fp8_max)   fp8_max: 448 (E4M3), 57344 (E5M2); then round to nearest even
+
+Values beyond the representable range become +-fp8_max instead of inf/NaN (NaN stays NaN, so a bad step
+is still seen). `torch._scaled_mm` takes the inverse scales: (q_a * scale_inv_a) @ (q_b * scale_inv_b).
+
+On CUDA each function below runs compiled (`cuda_fuser`: Inductor generates the kernels), so a delayed-
+scaling quantization reads x once and writes q while reducing max|x|; on CPU the same functions run eagerly,
+which is what the CPU tests exercise.
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.fp8.recipe import GEMM_ALIGNMENT
+from megatron.core.fusions.cuda_fuser import cuda_fuser
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+class Fp8Tensor(NamedTuple):
+    """A quantized operand: `data` stands for data * scale_inv."""
+
+    data: torch.Tensor  # float8
+    scale: torch.Tensor  # 0-dim fp32: data = saturate(x * scale)
+    scale_inv: torch.Tensor  # 0-dim fp32: 1 / scale
+
+
+def saturating_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """saturate(x * scale) as `dtype` (the product in fp32)."""
+    fp8_max = FP8_MAX[dtype]
+    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+def scale_from_amax(amax: torch.Tensor, fp8_max, margin: int, fallback: torch.Tensor) -> torch.Tensor:
+    """fp8_max / amax / 2^margin where amax is positive and finite, else `fallback`; an overflowing scale
+    (a tiny amax) becomes the largest fp32 (Transformer Engine's `_default_sf_compute`)."""
+    scale = fp8_max / amax / 2.0**margin
+    scale = torch.where((amax > 0) & torch.isfinite(amax), scale, fallback)
+    return torch.where(torch.isinf(scale), torch.full_like(scale, _FP32_MAX), scale)
+
+
+@cuda_fuser
+def quantize_with_amax(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """(saturate(x * scale), 1 / scale, max|x| in fp32): the delayed-scaling cast, which records the amax
+    that later scales are computed from."""
+    return saturating_cast(x, scale, dtype), scale.reciprocal(), x.abs().amax().float()
+
+
+@cuda_fuser
+def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int):
+    """(q, scale, scale_inv) with the scale from x's own amax (tensorwise recipe; scale 1 for x = 0)."""
+    amax = x.abs().amax().float()
+    scale = scale_from_amax(amax, FP8_MAX[dtype], margin, torch.ones_like(amax))
+    return saturating_cast(x, scale, dtype), scale, scale.reciprocal()
+
+
+@cuda_fuser
+def quantize_transposed(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """saturate(x^T * scale), contiguous: x [rows, cols] -> [cols, rows] (a weight for the dX GEMM)."""
+    return saturating_cast(x.t(), scale, dtype).contiguous()
+
+
+def transpose_padded(data: torch.Tensor) -> torch.Tensor:
+    """An FP8 matrix [m, n] -> its transpose [n, m'], contiguous, with m' = m rounded up to a multiple of
+    16 by zero columns (the token dimension of a dW GEMM; zeros add nothing to the sum over tokens).
+    Done on the uint8 view (FP8 zero is the byte 0 in both formats)."""
+    raw = data.view(torch.uint8).t()
+    pad = -raw.shape[1] % GEMM_ALIGNMENT
+    raw = F.pad(raw, (0, pad)) if pad else raw
+    return raw.contiguous().view(data.dtype)
