@@ -74,7 +74,13 @@ def test_recompute_combinations(settings, expected):
 @pytest.mark.parametrize(
     "settings, expected",
     [
-        (dict(fp8="hybrid"), "fp8 is not supported yet"),
+        (dict(fp8="hybrid"), "fp8 needs bf16=True or fp16=True"),
+        (dict(fp8="hybrid", bf16=True, fp8_recipe="mxfp8"), "fp8_recipe 'mxfp8' is not supported yet"),
+        (dict(fp8="hybrid", bf16=True, kv_channels=5), "linear_qkv output .* = 120; linear_proj input .* = 40"),
+        (dict(fp8="e4m3", bf16=True, num_moe_experts=4, add_bias_linear=False), "FP8 expert GEMMs\\) is not"),
+        (dict(fp8="e4m3", bf16=True, first_last_layers_bf16=True, num_layers_at_start_in_bf16=2,
+              num_layers_at_end_in_bf16=2), "leave at least one of the 4 layers in FP8"),
+        (dict(first_last_layers_bf16=True), "first_last_layers_bf16=True needs fp8"),
         (dict(num_moe_experts=8), "MoE layers have no linear biases here: set add_bias_linear=False"),
         (dict(num_moe_experts=6, expert_model_parallel_size=4, add_bias_linear=False), "EP sizes for 6 experts: 1, 2, 3, 6"),
         (dict(expert_model_parallel_size=2), "expert_model_parallel_size=2 needs num_moe_experts"),
