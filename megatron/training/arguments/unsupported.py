@@ -29,9 +29,9 @@ UNSUPPORTED = (
                                      "(Megatron does it with Transformer Engine userbuffers)"),
     Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
     Unsupported("--use-megatron-fsdp", "FSDP is not supported yet"),
-    Unsupported("--fp8-format", "FP8 training is not supported yet"),
-    Unsupported("--fp8-param-gather", "FP8 training is not supported yet"),
-    Unsupported("--first-last-layers-bf16", "FP8 training is not supported yet"),
+    Unsupported("--fp8-recipe", "is not supported yet; use delayed or tensorwise", ("mxfp8", "blockwise", "custom")),
+    Unsupported("--fp8-param-gather", "FP8 parameters and all-gathers are not supported yet (FP8 GEMMs are: "
+                                      "--fp8-format keeps bf16 parameters)"),
     Unsupported("--fp4-format", "FP4 training is not supported yet"),
     Unsupported("--fp4-param-gather", "FP4 training is not supported yet"),
     Unsupported("--te-rng-tracker", "the Transformer Engine back end is not supported yet"),

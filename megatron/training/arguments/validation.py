@@ -13,6 +13,7 @@ from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
 from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
+from megatron.training.arguments.validate_fp8 import check_fp8
 from megatron.training.arguments.validate_model import check_recompute, derive_model_shape
 from megatron.training.arguments.validate_moe import check_moe
 from megatron.training.arguments.validate_parallel import derive_parallel_sizes
@@ -156,6 +157,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     check_run_length(args, problems)
     check_learning_rate(args, problems)
     _derive_precision(args, problems)
+    check_fp8(args, problems)
     _check_data(args, problems)
     _check_checkpointing(args, problems)
     check_resilience(args, problems)

@@ -105,9 +105,9 @@ def test_refused_flags_name_the_replacement(problems, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
 
 
-def test_old_fp8_flag_reaches_the_unsupported_table(problems):
-    message = problems(*MINIMAL, "--fp8-hybrid")
-    assert "--fp8-format hybrid: FP8 training is not supported yet" in message
+def test_old_fp8_flags_select_the_format(validated):
+    assert validated(*MINIMAL, "--bf16", "--fp8-hybrid").fp8 == "hybrid"
+    assert validated(*MINIMAL, "--bf16", "--fp8-e4m3").fp8 == "e4m3"
 
 
 def test_use_dist_ckpt_selects_torch_dist(validated):
