@@ -1,6 +1,6 @@
 """Tensor / data parallel checks on a multi-GPU machine (NCCL), through pretrain_gpt.py, one table at the end.
 
-    python tools/bench/parallel_gpu_check.py [--skip-throughput]   # needs 2 GPUs
+    python tools/bench/parallel_gpu_check.py [--skip-throughput] [--long-seq-only]   # needs 2 GPUs
 
 1. Equivalence, fp32, mock data, no dropout, 10 iterations, global batch 8: TP=2 + sequence parallel,
    DP=2 with the distributed optimizer and both overlaps, pipeline parallelism PP=2 (1F1B, and interleaved
@@ -11,12 +11,16 @@
 2. Throughput, bf16, the PERF.md GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
    (sequence parallel), tokens/s per GPU and peak memory from the console lines (`--skip-throughput`
    leaves it out).
-3. Long sequence, bf16, the 1.3B shape with RoPE at micro-batch 1: the sequence length is doubled from 32768
-   until one GPU runs out of memory, then CP=2 (ring attention) must train that length.
+3. Long sequence, bf16, the 1.3B shape with RoPE at micro-batch 1, 3 iterations a run: the sequence length
+   is doubled from 32768 until one GPU runs out of memory, then CP=2 (ring attention, flash-kernel blocks)
+   must train that length. Tokens/s per GPU and peak memory of the longest one-GPU run and of the CP=2 run;
+   a run still going after LONG_TIMEOUT_S is stopped and counts as a failure, so the usual three runs (fits,
+   out of memory, CP=2) take at most 3 x LONG_TIMEOUT_S. `--long-seq-only` runs this section alone.
 """
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,26 +45,36 @@ LONG_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "20
              "--position-embedding-type", "rope", "--micro-batch-size", "1", "--global-batch-size", "1", "--bf16",
              "--train-iters", "3", "--log-interval", "1"]
 LONG_FIRST, LONG_LAST = 32768, 524288
+LONG_TIMEOUT_S = 180
 
 
 def long_sequence(length: int) -> list[str]:
     return LONG_1_3B + ["--seq-length", str(length), "--max-position-embeddings", str(length)]
 
 
-def train(gpus: int, args: list[str], out_of_memory_ok: bool = False) -> str | None:
-    """The console output of one run; None when it ran out of GPU memory and `out_of_memory_ok`."""
+def train(gpus: int, args: list[str], out_of_memory_ok: bool = False, timeout: int = 900) -> str | None:
+    """The console output of one run; None when it ran out of GPU memory and `out_of_memory_ok`. A run still
+    going after `timeout` seconds is killed with its workers and raises subprocess.TimeoutExpired."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
-    result = subprocess.run(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *MOCK, *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        if out_of_memory_ok and "out of memory" in (result.stdout + result.stderr).lower():
-            print(f"{gpus} GPU(s), {' '.join(args[-8:])}: out of memory", file=sys.stderr, flush=True)
-            return None
-        raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    process = subprocess.Popen(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *MOCK, *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     # Progress on stderr, so a run cut short by a time limit still shows what finished.
-    print(f"{gpus} GPU(s), {' '.join(args[-8:])}: lm loss {losses(result.stdout)[-1:]}", file=sys.stderr, flush=True)
-    return result.stdout
+    name = f"{gpus} GPU(s), {' '.join(args[-8:])}"
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and its workers, which hold the GPUs
+        process.communicate()
+        print(f"{name}: did not finish within {timeout} s", file=sys.stderr, flush=True)
+        raise
+    if process.returncode != 0:
+        if out_of_memory_ok and "out of memory" in (stdout + stderr).lower():
+            print(f"{name}: out of memory", file=sys.stderr, flush=True)
+            return None
+        raise SystemExit(stdout[-3000:] + stderr[-3000:])
+    print(f"{name}: lm loss {losses(stdout)[-1:]}", file=sys.stderr, flush=True)
+    return stdout
 
 
 def losses(output: str) -> list[float]:
@@ -92,36 +106,58 @@ def equivalence(workdir: str) -> tuple[list[str], bool]:
     return rows, ok
 
 
+def trained(output: str) -> str:
+    """Iterations, last loss, tokens/s/GPU and peak memory of a run's console output."""
+    return (f"{len(losses(output))} iterations, lm loss {losses(output)[-1]:.3f}, "
+            f"{last(r'tokens/s/GPU: ([0-9.]+)', output):.0f} tokens/s/GPU, "
+            f"peak {last(r'max allocated: ([0-9.]+)', output):.0f} MB")
+
+
+def long_sequences() -> tuple[list[str], bool]:
+    """Section 3's rows, and whether CP=2 trained a length that one GPU cannot."""
+    rows, length = [], LONG_FIRST
+    try:
+        while length <= LONG_LAST:
+            output = train(1, long_sequence(length), out_of_memory_ok=True, timeout=LONG_TIMEOUT_S)
+            if output is None:
+                rows.append(f"one GPU, seq {length}: out of memory")
+                break
+            rows.append(f"one GPU, seq {length}: {trained(output)}")
+            length *= 2
+        else:
+            return rows + [f"one GPU fits every length up to {LONG_LAST}: no out-of-memory length to try"], False
+        output = train(2, long_sequence(length) + CP2, out_of_memory_ok=True, timeout=LONG_TIMEOUT_S)
+    except subprocess.TimeoutExpired as timeout:
+        layout = "CP=2 (ring)" if "--context-parallel-size" in timeout.cmd else "one GPU"
+        return rows + [f"{layout}, seq {length}: not done within {LONG_TIMEOUT_S} s"], False
+    return rows + [f"CP=2 (ring), seq {length}: " + ("out of memory" if output is None else trained(output))], (
+        output is not None)
+
+
 def main() -> int:
     skip_throughput = "--skip-throughput" in sys.argv[1:]
-    with tempfile.TemporaryDirectory() as workdir:
-        rows, ok = equivalence(workdir)
+    long_only = "--long-seq-only" in sys.argv[1:]
+    rows, ok = [], True
+    if not long_only:
+        with tempfile.TemporaryDirectory() as workdir:
+            rows, ok = equivalence(workdir)
 
     throughput = []
-    for name, gpus, extra in [] if skip_throughput else [("1 GPU", 1, ["--global-batch-size", "4"]),
-                              ("DP=2 dist-opt overlap", 2, DP2 + ["--global-batch-size", "8"]),
-                              ("TP=2 + SP", 2, TP2 + ["--global-batch-size", "4"])]:
+    for name, gpus, extra in [] if skip_throughput or long_only else [
+            ("1 GPU", 1, ["--global-batch-size", "4"]),
+            ("DP=2 dist-opt overlap", 2, DP2 + ["--global-batch-size", "8"]),
+            ("TP=2 + SP", 2, TP2 + ["--global-batch-size", "4"])]:
         output = train(gpus, GPT_1_3B + extra)
         tokens = last(r"tokens/s/GPU: ([0-9.]+)", output)
         memory = last(r"max allocated: ([0-9.]+)", output)
         throughput.append((name, gpus, tokens, memory))
 
-    length = LONG_FIRST
-    while length <= LONG_LAST and train(1, long_sequence(length), out_of_memory_ok=True) is not None:
-        length *= 2
-    long_row, long_ok = f"one GPU fits every length up to {LONG_LAST}: no out-of-memory length to try", False
-    if length <= LONG_LAST:
-        output = train(2, long_sequence(length) + CP2, out_of_memory_ok=True)
-        long_ok = output is not None
-        long_row = (f"seq {length}: one GPU out of memory; CP=2 " + (
-            "out of memory too" if output is None else
-            f"trains it: {len(losses(output))} iterations, lm loss {losses(output)[-1]:.3f}, "
-            f"{last(r'tokens/s/GPU: ([0-9.]+)', output):.0f} tokens/s/GPU, "
-            f"peak {last(r'max allocated: ([0-9.]+)', output):.0f} MB"))
+    long_rows, long_ok = long_sequences()
 
-    print("\nequivalence (fp32, 10 iterations, lm loss per iteration vs one GPU):")
-    print("\n".join(rows))
-    print(f"equivalence {'PASSED' if ok else 'FAILED'} (tolerance 1e-4 relative)")
+    if rows:
+        print("\nequivalence (fp32, 10 iterations, lm loss per iteration vs one GPU):")
+        print("\n".join(rows))
+        print(f"equivalence {'PASSED' if ok else 'FAILED'} (tolerance 1e-4 relative)")
     if throughput:
         base = throughput[0][2]
         print("\nGPT 1.3B, bf16, seq 2048, micro batch 4:")
@@ -129,7 +165,7 @@ def main() -> int:
         for name, gpus, tokens, memory in throughput:
             print(f"{name:<24}{gpus:>5}{tokens:>14.0f}{tokens * gpus / base:>17.2f}{memory:>10.0f}")
     print("\nlong sequence, GPT 1.3B + RoPE, bf16, micro batch 1:")
-    print(long_row)
+    print("\n".join(long_rows))
     print(f"long sequence {'PASSED' if long_ok else 'FAILED'}")
     return 0 if ok and long_ok else 1
 

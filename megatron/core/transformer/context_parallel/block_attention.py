@@ -14,23 +14,41 @@ yields its share of the gradient on its own:
     D_i = dO_i . O_i     dV_j = sum_i P_ij dO_i     dS_ij = P_ij (dO_i . v_j - D_i)
     dQ_i = scale * sum_j dS_ij k_j                   dK_j = scale * sum_i dS_ij q_i
 
+Partial results of the same rows on different key blocks merge exactly (online softmax, `merge_partial`):
+
+    lse = log(exp(lse_a) + exp(lse_b))        O = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
+
 Attention dropout multiplies P by a keep mask M / (1 - p) before V. It does not touch lse, and merging
 blocks is linear in O, so the merged output is dropout(P) V of the whole attention. The backward then uses
 dV_j = sum_i P_ij M_ij/(1-p) dO_i and dS_ij = P_ij (M_ij/(1-p) dO_i . v_j - D_i), with D_i = dO_i . O_i of
 the dropped-out O (FlashAttention's rule). The masks are not stored: `DropoutMasks` draws them from a
 generator seeded per call, and the backward replays the same draws in the same order.
 
-Everything is computed in fp32, in tiles of query rows so that at most ~TILE_ELEMENTS scores exist at a time
-(memory linear in the sequence, like a fused kernel, instead of the full [sq, sk] matrix). For bf16/fp16
-inputs on a GPU the fp32 matmuls may use TF32 tensor cores: bf16 and fp16 values are exact in TF32, products
-accumulate in fp32, and the probabilities keep 10 mantissa bits where FlashAttention rounds them to bf16.
+What runs where (`_runs_in_flash_kernel`):
+
+    CUDA (sm80+), bf16/fp16, head dim a multiple of 8 up to 256, no mask or a causal diagonal that ends at
+    the last key (offset sk - sq >= 0, every block ring and all-gather attention use):
+        PyTorch's fused FlashAttention-2 kernels (`aten._scaled_dot_product_flash_attention` and its
+        `_backward`), which take O and lse from outside in the backward exactly as above. Grouped queries go
+        in as h = g*r heads on g key/value heads (the kernel's own GQA). The kernel's `is_causal` is used on
+        square blocks only: for sq != sk CUDA's FlashAttention-2 puts the diagonal bottom-right while SDPA
+        and the CPU kernel put it top-left, so a block with offset c > 0 is two calls, keys [0, c) unmasked
+        and the square [c, sk) causal, merged. Dropout: the kernel draws from the default CUDA generator,
+        which `DropoutMasks` loads with its own seeded state around the call, and the backward hands the
+        kernel the philox state that the forward recorded, so the masks replay exactly. Nothing of size
+        [sq, sk] exists; memory is O(b h s d).
+    everything else (fp32 inputs, CPUs, other head dims):
+        plain PyTorch in fp32 tiles of query rows (tiled_block_attention.py), also linear in memory.
 """
 
 import contextlib
 
 import torch
 
-TILE_ELEMENTS = 1 << 24  # scores per tile: 64 MiB in fp32
+from megatron.core.transformer.context_parallel.tiled_block_attention import tiled_backward, tiled_forward
+
+_FLASH_DTYPES = (torch.bfloat16, torch.float16)
+_FLASH_MAX_HEAD_DIM = 256
 
 
 def grouped_queries(query: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -51,108 +69,177 @@ def ungrouped_output(out: torch.Tensor) -> torch.Tensor:
 
 
 class DropoutMasks:
-    """The attention-dropout keep masks, scaled by 1/(1-p), of one attention call, drawn in order from a
-    generator seeded with `seed`: a second instance with the same seed yields the same sequence of masks."""
+    """The attention-dropout masks of one attention call, all drawn from one generator seeded with `seed`.
+
+    The tiles draw keep masks scaled by 1/(1-p) with `next`. The flash kernel draws its own from the default
+    CUDA generator: `drawing_in_default_generator` lends it this generator's state for the call, and the
+    kernel's philox states are kept in `kernel_states`, one list per block. `replay()` rewinds for the
+    backward: the tiles draw the same masks again, in order, and `next_kernel_states()` returns the lists in
+    the order the blocks ran.
+    """
 
     def __init__(self, probability: float, seed: int, device: torch.device):
-        self.probability = probability
+        self.probability, self.seed = probability, seed
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.kernel_states = []
+        self._replayed_states = iter(())
 
     def next(self, shape, device) -> torch.Tensor:
         keep = torch.rand(shape, generator=self.generator, device=device) >= self.probability
         return keep.float() / (1.0 - self.probability)
 
-
-def _row_tiles(q: torch.Tensor, num_keys: int):
-    """(first, last) query-row ranges of the tiles."""
-    b, g, r, num_rows, _ = q.shape
-    rows = max(1, min(num_rows, TILE_ELEMENTS // max(1, b * g * r * num_keys)))
-    return [(first, min(first + rows, num_rows)) for first in range(0, num_rows, rows)]
-
-
-def _scores(q_tile: torch.Tensor, k: torch.Tensor, scale: float, causal_offset, first_row: int) -> torch.Tensor:
-    """[b, g, r, t, sk] scaled scores of query rows first_row .. first_row + t - 1, causally masked."""
-    scores = torch.matmul(q_tile, k.transpose(-1, -2)) * scale
-    if causal_offset is not None:
-        rows = torch.arange(first_row, first_row + q_tile.size(-2), device=k.device)
-        columns = torch.arange(k.size(-2), device=k.device)
-        scores = scores.masked_fill(columns[None, :] > rows[:, None] + causal_offset, float("-inf"))
-    return scores
-
-
-@contextlib.contextmanager
-def _kernel_precision(dtype: torch.dtype, device: torch.device):
-    """fp32 arithmetic whatever autocast says; TF32 matmuls for half-precision inputs on CUDA (module
-    docstring), full fp32 for fp32 inputs."""
-    tf32 = dtype in (torch.bfloat16, torch.float16) and device.type == "cuda"
-    previous = torch.get_float32_matmul_precision()
-    with torch.autocast(device_type=device.type, enabled=False):
-        if tf32:
-            torch.set_float32_matmul_precision("high")
+    @contextlib.contextmanager
+    def drawing_in_default_generator(self):
+        device = self.generator.device
+        saved = torch.cuda.get_rng_state(device)
+        torch.cuda.set_rng_state(self.generator.get_state(), device)
         try:
             yield
         finally:
-            torch.set_float32_matmul_precision(previous)
+            self.generator.set_state(torch.cuda.get_rng_state(device))
+            torch.cuda.set_rng_state(saved, device)
 
+    def next_kernel_states(self) -> list:
+        return next(self._replayed_states)
 
-def block_attention_forward(q, k, v, scale: float, causal_offset: int | None = None, dropout: DropoutMasks = None):
-    """(O [b, g, r, sq, d], lse [b, g, r, sq]), both fp32. `causal_offset` c lets row i see columns 0 .. i + c
-    (0: the usual causal mask of a diagonal block; None: no mask). Every row must see at least one column."""
-    with _kernel_precision(q.dtype, q.device):
-        return _block_attention_forward(q.float(), k.float(), v.float(), scale, causal_offset, dropout)
-
-
-def _block_attention_forward(q, k, v, scale, causal_offset, dropout):
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    for first, last in _row_tiles(q, k.size(-2)):
-        scores = _scores(q[..., first:last, :], k, scale, causal_offset, first)
-        tile_lse = torch.logsumexp(scores, dim=-1)
-        probs = torch.exp(scores - tile_lse[..., None])
-        if dropout is not None:
-            probs = probs * dropout.next(probs.shape, probs.device)
-        out[..., first:last, :] = torch.matmul(probs, v)
-        lse[..., first:last] = tile_lse
-    return out, lse
-
-
-def block_attention_backward(
-    dout, q, k, v, out, lse, scale: float, causal_offset: int | None = None, dropout: DropoutMasks = None
-):
-    """(dq [b, g, r, sq, d], dk [b, g, 1, sk, d], dv [b, g, 1, sk, d]) in fp32: this key block's share of
-    the gradient, given the gradient `dout` of the output and the merged output `out` and `lse` of the
-    rows (those of the whole attention, not of this block alone). `dropout` must replay the forward's."""
-    with _kernel_precision(q.dtype, q.device):
-        return _block_attention_backward(
-            dout.float(), q.float(), k.float(), v.float(), out, lse, scale, causal_offset, dropout
-        )
-
-
-def _block_attention_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout):
-    delta = (dout * out.float()).sum(dim=-1)  # D_i [b, g, r, sq]
-    dq = torch.empty_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
-    for first, last in _row_tiles(q, k.size(-2)):
-        q_tile, dout_tile = q[..., first:last, :], dout[..., first:last, :]
-        probs = torch.exp(_scores(q_tile, k, scale, causal_offset, first) - lse[..., first:last, None])
-        dprobs = torch.matmul(dout_tile, v.transpose(-1, -2))
-        if dropout is None:
-            dv += torch.matmul(probs.transpose(-1, -2), dout_tile).sum(dim=2, keepdim=True)
-        else:
-            keep = dropout.next(probs.shape, probs.device)
-            dv += torch.matmul((probs * keep).transpose(-1, -2), dout_tile).sum(dim=2, keepdim=True)
-            dprobs = dprobs * keep
-        dscores = probs * (dprobs - delta[..., first:last, None])
-        dq[..., first:last, :] = torch.matmul(dscores, k) * scale
-        dk += torch.matmul(dscores.transpose(-1, -2), q_tile).sum(dim=2, keepdim=True) * scale
-    return dq, dk, dv
+    def replay(self) -> "DropoutMasks":
+        self.generator.manual_seed(self.seed)
+        self._replayed_states = iter(self.kernel_states)
+        return self
 
 
 def dropout_masks(dropout_p: float, seed: int | None, device: torch.device) -> DropoutMasks | None:
     """The masks of one call (None without dropout)."""
     return DropoutMasks(dropout_p, seed, device) if dropout_p > 0 else None
+
+
+def merge_partial(out, lse, rows, block_out, block_lse) -> None:
+    """Online-softmax merge of a block's (O, lse) into the running fp32 ones, in place, on `rows`."""
+    merged = torch.logaddexp(lse[..., rows], block_lse)
+    out[..., rows, :] = (
+        out[..., rows, :] * torch.exp(lse[..., rows] - merged)[..., None]
+        + block_out * torch.exp(block_lse - merged)[..., None]
+    )
+    lse[..., rows] = merged
+
+
+def _flash_kernel_takes(q, k, v) -> bool:
+    """Whether PyTorch's fused flash kernels exist for these tensors: CUDA sm80+, bf16/fp16, head dim a
+    multiple of 8 up to 256."""
+    head_dim = q.size(-1)
+    return (
+        q.is_cuda and q.dtype in _FLASH_DTYPES and k.dtype == v.dtype == q.dtype
+        and head_dim % 8 == 0 and head_dim <= _FLASH_MAX_HEAD_DIM
+        and torch.backends.cuda.is_flash_attention_available()
+        and torch.cuda.get_device_capability(q.device) >= (8, 0)
+    )
+
+
+def _runs_in_flash_kernel(q, k, v, causal_offset) -> bool:
+    """Whether this block runs in the flash kernels (module docstring): they take the tensors, and the mask is
+    none or a causal diagonal that ends at the last key."""
+    return _flash_kernel_takes(q, k, v) and (causal_offset is None or causal_offset == k.size(-2) - q.size(-2) >= 0)
+
+
+def _flash_pieces(num_rows: int, num_keys: int, causal: bool) -> list[tuple[slice, bool]]:
+    """(key columns, is_causal) of the kernel calls of one block; a causal block's diagonal ends at the last
+    key: columns [0, sk - sq) unmasked, then the square [sk - sq, sk) causal (module docstring)."""
+    if not causal:
+        return [(slice(0, num_keys), False)]
+    offset = num_keys - num_rows
+    return ([(slice(0, offset), False)] if offset > 0 else []) + [(slice(offset, num_keys), True)]
+
+
+def _heads_first(t: torch.Tensor) -> torch.Tensor:
+    """[b, g, r, s, d] -> [b, g*r, s, d] with unit stride along d (the kernel's requirement)."""
+    t = t.flatten(1, 2)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _flash_forward_kernel(q, k, v, scale: float, causal: bool, dropout_p: float):
+    """q [b, h, sq, d], k and v [b, hk, sk, d] (hk divides h) -> (O [b, h, sq, d] in q's dtype,
+    lse [b, h, sq] fp32, the philox state (seed, offset) that its dropout used)."""
+    out, lse, _, _, _, _, philox_seed, philox_offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, causal, False, scale=scale
+    )
+    return out, lse, (philox_seed, philox_offset)
+
+
+def _flash_backward_kernel(dout, q, k, v, out, lse, scale: float, causal: bool, dropout_p: float, philox):
+    """(dq [b, h, sq, d], dk and dv [b, hk, sk, d]) in q's dtype. `lse` must be contiguous [b, h, sq]: the
+    kernel reads it without strides. `philox` is the forward's (seed, offset); unused without dropout."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse, None, None, q.size(2), k.size(2), dropout_p, causal, *philox, scale=scale
+    )
+
+
+def _flash_forward(q, k, v, scale, causal_offset, dropout):
+    """block_attention_forward in the flash kernel: one call per piece, merged in fp32."""
+    _, g, r, num_rows, _ = q.shape
+    heads, keys, values = (_heads_first(t) for t in (q, k, v))
+    dropout_p = 0.0 if dropout is None else dropout.probability
+    out = lse = None
+    states = []
+    for columns, causal in _flash_pieces(num_rows, keys.size(2), causal_offset is not None):
+        with contextlib.nullcontext() if dropout is None else dropout.drawing_in_default_generator():
+            piece_out, piece_lse, philox = _flash_forward_kernel(
+                heads, keys[:, :, columns], values[:, :, columns], scale, causal, dropout_p
+            )
+        states.append(philox)
+        piece_out, piece_lse = piece_out.float().unflatten(1, (g, r)), piece_lse.unflatten(1, (g, r))
+        if out is None:
+            out, lse = piece_out, piece_lse
+        else:
+            merge_partial(out, lse, slice(None), piece_out, piece_lse)
+    if dropout is not None:
+        dropout.kernel_states.append(states)
+    return out, lse
+
+
+def _flash_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout):
+    """block_attention_backward in the flash kernel: the pieces' dq summed, their dk and dv side by side."""
+    _, g, r, num_rows, _ = q.shape
+    heads, keys, values, dout_heads, out_heads = (_heads_first(t.to(q.dtype)) for t in (q, k, v, dout, out))
+    lse = lse.flatten(1, 2).contiguous()
+    pieces = _flash_pieces(num_rows, keys.size(2), causal_offset is not None)
+    if dropout is None:
+        no_state = torch.empty(0, dtype=torch.int64, device=q.device)
+        dropout_p, states = 0.0, [(no_state, no_state)] * len(pieces)
+    else:
+        dropout_p, states = dropout.probability, dropout.next_kernel_states()
+    dq, dk, dv = None, [], []
+    for (columns, causal), philox in zip(pieces, states):
+        piece_dq, piece_dk, piece_dv = _flash_backward_kernel(
+            dout_heads, heads, keys[:, :, columns], values[:, :, columns], out_heads, lse, scale, causal,
+            dropout_p, philox,
+        )
+        dq = piece_dq if dq is None else dq.float() + piece_dq  # the pieces' key columns are disjoint
+        dk.append(piece_dk)
+        dv.append(piece_dv)
+    return dq.unflatten(1, (g, r)), torch.cat(dk, dim=2).unsqueeze(2), torch.cat(dv, dim=2).unsqueeze(2)
+
+
+def block_attention_forward(q, k, v, scale: float, causal_offset: int | None = None, dropout: DropoutMasks = None):
+    """(O [b, g, r, sq, d], lse [b, g, r, sq]), both fp32. `causal_offset` c lets row i see columns 0 .. i + c
+    (0: the usual causal mask of a diagonal block; None: no mask). Every row must see at least one column."""
+    if _runs_in_flash_kernel(q, k, v, causal_offset):
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return _flash_forward(q, k, v, scale, causal_offset, dropout)
+    return tiled_forward(q, k, v, scale, causal_offset, dropout)
+
+
+def block_attention_backward(
+    dout, q, k, v, out, lse, scale: float, causal_offset: int | None = None, dropout: DropoutMasks = None
+):
+    """(dq [b, g, r, sq, d], dk [b, g, 1, sk, d], dv [b, g, 1, sk, d]), fp32 from the tiles, q's dtype (or
+    fp32) from the flash kernel: this key block's share of the gradient, given the gradient `dout` of the
+    output and the merged output `out` and `lse` of the rows (those of the whole attention, not of this block
+    alone). `dropout` must be the forward's, replayed (`DropoutMasks.replay`)."""
+    if _runs_in_flash_kernel(q, k, v, causal_offset):
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return _flash_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout)
+    return tiled_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout)
 
 
 class BlockAttention(torch.autograd.Function):
@@ -162,15 +249,16 @@ class BlockAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, causal_offset, dropout_p: float = 0.0, seed: int | None = None):
-        out, lse = block_attention_forward(q, k, v, scale, causal_offset, dropout_masks(dropout_p, seed, q.device))
+        dropout = dropout_masks(dropout_p, seed, q.device)
+        out, lse = block_attention_forward(q, k, v, scale, causal_offset, dropout)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal_offset, ctx.dropout_p, ctx.seed = scale, causal_offset, dropout_p, seed
+        ctx.scale, ctx.causal_offset, ctx.dropout = scale, causal_offset, dropout
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dropout = dropout_masks(ctx.dropout_p, ctx.seed, q.device)
+        dropout = None if ctx.dropout is None else ctx.dropout.replay()
         dq, dk, dv = block_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.causal_offset, dropout)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None

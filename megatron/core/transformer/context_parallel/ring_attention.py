@@ -13,9 +13,8 @@ keys/values of rank src = (r - i) mod c, i.e. chunks src and 2c-1-src. For causa
 
 so every step costs the same n x 2n scores on every rank. Without a causal mask every step is 2n x 2n.
 
-Partial results merge exactly (online softmax): for one row with (O_a, lse_a) and (O_b, lse_b),
-
-    lse = log(exp(lse_a) + exp(lse_b))        O = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
+The partial outputs of the steps merge exactly with their log-sum-exps (online softmax,
+block_attention.merge_partial), in fp32.
 
 The backward is a custom autograd function (autograd through point-to-point sends would let ranks run
 their sends in different orders). It replays the ring: at step i the rank computes, with the final O and
@@ -32,6 +31,7 @@ from megatron.core.transformer.context_parallel.block_attention import (
     block_attention_backward,
     block_attention_forward,
     dropout_masks,
+    merge_partial,
 )
 
 
@@ -73,16 +73,6 @@ def _step_blocks(step: int, neighbours: _RingNeighbours, causal: bool, n: int):
     return slice(n, 2 * n), everything, None
 
 
-def _merge(out, lse, rows, block_out, block_lse) -> None:
-    """Online-softmax merge of a block's (O, lse) into the running ones, in place, on `rows`."""
-    merged = torch.logaddexp(lse[..., rows], block_lse)
-    out[..., rows, :] = (
-        out[..., rows, :] * torch.exp(lse[..., rows] - merged)[..., None]
-        + block_out * torch.exp(block_lse - merged)[..., None]
-    )
-    lse[..., rows] = merged
-
-
 class RingAttention(torch.autograd.Function):
     """q [b, g, r, 2n, d], k and v [b, g, 1, 2n, d] (this rank's two chunks) -> O [b, g, r, 2n, d].
     Attention dropout with probability `dropout_p` draws its masks from `seed`, block after block."""
@@ -104,20 +94,20 @@ class RingAttention(torch.autograd.Function):
             if step == 0:  # step 0 covers every row, so each row has a finite lse from here on
                 out, lse = block_out, block_lse
             else:
-                _merge(out, lse, rows, block_out, block_lse)
+                merge_partial(out, lse, rows, block_out, block_lse)
             if step + 1 < neighbours.size:
                 neighbours.finish(requests)
                 key_values = incoming
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.group, ctx.dropout_p, ctx.seed = scale, causal, group, dropout_p, seed
+        ctx.scale, ctx.causal, ctx.group, ctx.dropout = scale, causal, group, dropout
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         neighbours = _RingNeighbours(ctx.group)
-        dropout = dropout_masks(ctx.dropout_p, ctx.seed, q.device)  # replays the forward's masks, in order
+        dropout = None if ctx.dropout is None else ctx.dropout.replay()  # the forward's masks, in order
         n = q.size(-2) // 2
         key_values = torch.stack((k, v))
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)

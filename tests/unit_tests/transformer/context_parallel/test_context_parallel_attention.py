@@ -23,7 +23,7 @@ from megatron.core.transformer.context_parallel import (
     get_batch_on_this_cp_rank,
     get_pos_emb_on_this_cp_rank,
 )
-from megatron.core.transformer.context_parallel import block_attention
+from megatron.core.transformer.context_parallel import block_attention, tiled_block_attention
 from tests.unit_tests.dist_utils import run_distributed
 
 SEQ, BATCH, HEAD_DIM, HEADS, SCALE = 16, 2, 8, 4, 0.3
@@ -176,7 +176,7 @@ def test_batch_split_keeps_chunks_r_and_2c_minus_1_minus_r(results):
 
 def test_block_attention_in_tiles_equals_sdpa(monkeypatch):
     """One block, split into query tiles of 5 rows, with causal offsets and GQA, against SDPA."""
-    monkeypatch.setattr(block_attention, "TILE_ELEMENTS", 5 * 2 * 2 * 2 * 12)
+    monkeypatch.setattr(tiled_block_attention, "TILE_ELEMENTS", 5 * 2 * 2 * 2 * 12)
     generator = torch.Generator().manual_seed(1)
     q = torch.randn(2, 2, 2, 12, 8, generator=generator, requires_grad=True)  # [b, g, r, s, d]
     k, v = (torch.randn(2, 2, 1, 12, 8, generator=generator, requires_grad=True) for _ in range(2))
