@@ -20,6 +20,8 @@ KERNEL_CLASSES = (
     ("copy", ("memcpy", "memset", "copy")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
 )
+# Profiler ranges that carry a device time of their own but only span kernels already counted.
+ANNOTATIONS = ("Optimizer.step#", "ProfilerStep#")
 
 
 def kernel_class(name: str) -> str:
@@ -29,8 +31,10 @@ def kernel_class(name: str) -> str:
 
 
 def profile_steps(step_fn, steps: int, table_path: str, title: str) -> str:
-    """Runs `step_fn` `steps` times under the profiler; writes the top-kernel table to `table_path` and
-    returns a one-paragraph summary (ms per step per kernel class, GPU busy fraction)."""
+    """Runs `step_fn` `steps` times under the profiler; writes the top-kernel table to `table_path`, the
+    timeline beside it (`<table_path>.trace.json.gz`, for chrome://tracing or Perfetto: where the GPU idles
+    and what the host does meanwhile) and returns a one-paragraph summary (ms per step per kernel class, GPU
+    busy fraction)."""
     step_fn()  # the first step after a pause may allocate; keep it out of the trace
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -39,10 +43,13 @@ def profile_steps(step_fn, steps: int, table_path: str, title: str) -> str:
             step_fn()
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    prof.export_chrome_trace(f"{table_path}.trace.json.gz")
     per_class, launches = {}, 0
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", 0) or 0
         if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if event.key.startswith(ANNOTATIONS):
             continue
         label = kernel_class(event.key)
         per_class[label] = per_class.get(label, 0.0) + device_us / 1e3 / steps
