@@ -16,6 +16,7 @@ from megatron.core.dist_checkpointing.serialization import (
     load,
     load_common_state_dict,
     save,
+    saved_keys,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "load",
     "load_common_state_dict",
     "save",
+    "saved_keys",
 ]

@@ -152,14 +152,18 @@ def load_common_state_dict(checkpoint_dir) -> dict:
     return torch.load(os.path.join(checkpoint_dir, COMMON_FILENAME), map_location="cpu", weights_only=False)
 
 
+def saved_keys(checkpoint_dir) -> set:
+    """The global keys of the tensors and objects a distributed checkpoint holds (from DCP's index)."""
+    return set(dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata)
+
+
 def _missing_keys(checkpoint_dir, requested: set, process_group) -> List[str]:
     """Checkpoint keys that no rank asked for (collective: the ranks' requests are gathered)."""
     everyone = [requested]
     if process_group is not None:
         everyone = [None] * dist.get_world_size(process_group)
         dist.all_gather_object(everyone, requested, group=process_group)
-    saved = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
-    return sorted(set(saved) - set().union(*everyone))
+    return sorted(saved_keys(checkpoint_dir) - set().union(*everyone))
 
 
 def load(state_dict: dict, checkpoint_dir: str, strict: str = "assume_ok_unexpected"):

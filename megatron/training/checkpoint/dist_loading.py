@@ -13,7 +13,7 @@ error unless --auto-detect-ckpt-format is given.
 import glob
 import os
 
-from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict
+from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict, saved_keys
 from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import optimizer_sharded_state_dict, prepare_optimizer_for_load
 from megatron.core.dist_checkpointing.strictness import describe, returns_mismatches
@@ -78,6 +78,17 @@ def _can_restore_rng(state_dict: dict, args) -> bool:
     return False
 
 
+def _without_absent_extra_state(model_request: dict, checkpoint_dir) -> dict:
+    """`model_request` less the `_extra_state` entries (FP8 scaling state, megatron/core/fp8/scaling.py) that
+    the checkpoint lacks: an FP8 run resuming a checkpoint saved without FP8 starts its scales afresh, as
+    Transformer Engine does; every other key must be there."""
+    extra = [name for name in model_request if name.endswith("._extra_state")]
+    if not extra:
+        return model_request
+    saved = saved_keys(checkpoint_dir)
+    return {name: piece for name, piece in model_request.items() if name not in extra or piece.key in saved}
+
+
 def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args, load_optimizer: bool,
                        load_rng: bool) -> bool:
     """Loads the model (and the optimizer's state with `load_optimizer`) from `checkpoint_dir` in place;
@@ -89,7 +100,8 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
             "(or --finetune) to start from this run's seeds instead"
         )
     chunks = model_chunks(model)
-    request = {model_state_key(index, len(chunks)): model_sharded_state_dict(chunk)
+    request = {model_state_key(index, len(chunks)): _without_absent_extra_state(model_sharded_state_dict(chunk),
+                                                                                checkpoint_dir)
                for index, chunk in enumerate(chunks)}
     if load_optimizer:
         if "optimizer" not in state_dict:
