@@ -58,7 +58,8 @@ def report() -> list[str]:
             properties = torch.cuda.get_device_properties(index)
             lines.append(
                 f"  gpu {index}         {properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
-                f"compute capability {properties.major}.{properties.minor}"
+                f"compute capability {properties.major}.{properties.minor}, FP8 GEMMs (--fp8-format): "
+                f"{'yes' if (properties.major, properties.minor) >= (8, 9) else 'no, they need 8.9+'}"
             )
         kernels = {
             "flash": torch.backends.cuda.flash_sdp_enabled(),

@@ -2,7 +2,8 @@
 
     layout       world size = TP x PP x CP x DP (EP), and for every rank its host, coordinates and parameters
     model        parameters in total; tokens per iteration; FLOPs per iteration
-    kernels      transformer implementation, attention backend and the SDPA kernels torch has enabled, fusions
+    kernels      transformer implementation, attention backend and the SDPA kernels torch has enabled, fusions,
+                 and with --fp8-format the FP8 recipe and which layers run in FP8
     environment  the NCCL / CUDA / torch variables that are set (and CUDA_DEVICE_MAX_CONNECTIONS either way)
     signals      what --exit-signal does, and what torchrun passes on and how long it waits
     data         each dataset of the blend with its weight and how many epochs of it the run will draw
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.fp8 import Fp8Recipe
 from megatron.doctor import ENVIRONMENT_VARIABLES
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
@@ -76,7 +78,19 @@ def _kernel_lines(args) -> list:
     fusions = [name for name in ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
                                  "masked_softmax_fusion", "gradient_accumulation_fusion") if getattr(args, name, False)]
     lines.append(f"  fusions asked for: {', '.join(fusions) or 'none'}")
-    return lines
+    return lines + _fp8_lines(args)
+
+
+def _fp8_lines(args) -> list:
+    if args.fp8 is None:
+        return []
+    recipe = Fp8Recipe(args.fp8, args.fp8_recipe, args.fp8_margin, args.fp8_amax_history_len,
+                       args.fp8_amax_compute_algo, args.fp8_wgrad)
+    layers = f"all {args.num_layers} layers"
+    if args.first_last_layers_bf16:
+        start, end = args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16
+        layers = f"layers {start + 1} to {args.num_layers - end} (the first {start} and last {end} in bf16)"
+    return [f"  {recipe.describe()}; {layers} (embedding and output layer in bf16)"]
 
 
 def _environment_lines() -> list:

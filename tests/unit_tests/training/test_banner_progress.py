@@ -74,3 +74,12 @@ def test_progress_file_has_megatrons_format(tmp_path, monkeypatch):
     fields = lines[1].split("\t")[3:]
     assert fields[:2] == ["Saved checkpoint", "Iteration: 5"] and fields[2].startswith("Job throughput: ")
     assert fields[3:] == ["Floating-point operations: 2.50e+09", "Tokens (in billions): 0.00"]
+
+
+def test_banner_names_the_fp8_recipe_and_layers(monkeypatch):
+    args = _args(monkeypatch, "--mock-data", "--num-layers", "4", "--bf16", "--fp8-format", "hybrid",
+                 "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max", "--first-last-layers-bf16")
+    text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
+    assert ("fp8 hybrid: E4M3 inputs and weights, E5M2 output gradients, delayed scaling (amax history 1024, max, "
+            "margin 0), weight gradients in FP8; the transformer layers' linears through torch._scaled_mm; layers 2 "
+            "to 3 (the first 1 and last 1 in bf16)") in text

@@ -50,10 +50,12 @@ def get_gpt_layer_local_spec(
     `normalization` ("LayerNorm"/"RMSNorm") fixes the norm type; by default `config.normalization`
     decides when the model is built. `qk_layernorm` adds per-head norms of the queries and keys.
     """
+    if fp8 is not None:
+        logger.warning("get_gpt_layer_local_spec(fp8=...) is deprecated (as in Megatron-Core) and has no effect: "
+                       "FP8 is TransformerConfig.fp8")
     reject_unsupported(
         "get_gpt_layer_local_spec",
         multi_latent_attention=multi_latent_attention,
-        fp8=fp8,
         moe_use_legacy_grouped_gemm=moe_use_legacy_grouped_gemm,
         qk_l2_norm=qk_l2_norm,
         use_kitchen=use_kitchen,
