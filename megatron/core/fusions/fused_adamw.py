@@ -40,10 +40,12 @@ if _TRITON_AVAILABLE:
     import triton
     import triton.language as tl
 
+    # No argument may be called `params`, `options` or `specialization`: Triton's generated argument binder
+    # has locals of those names (a kernel argument `params` arrives as a dict in Triton 3.6).
     @triton.jit
     def _adamw_kernel(
         block_tensor, block_start, numels, tensor_group, group_table, grad_scale,
-        grads, params, exp_avgs, exp_avg_sqs, models,
+        grad_pointers, main_param_pointers, exp_avg_pointers, exp_avg_sq_pointers, model_param_pointers,
         HAS_GRAD_SCALE: tl.constexpr, MODEL_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     ):
         block = tl.program_id(0)
@@ -55,10 +57,10 @@ if _TRITON_AVAILABLE:
         beta1, beta2, eps = tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
         step_size, bias_correction2_sqrt = tl.load(row + 5), tl.load(row + 6)
 
-        grad_pointer = tl.load(grads + tensor).to(tl.pointer_type(tl.float32))
-        param_pointer = tl.load(params + tensor).to(tl.pointer_type(tl.float32))
-        exp_avg_pointer = tl.load(exp_avgs + tensor).to(tl.pointer_type(tl.float32))
-        exp_avg_sq_pointer = tl.load(exp_avg_sqs + tensor).to(tl.pointer_type(tl.float32))
+        grad_pointer = tl.load(grad_pointers + tensor).to(tl.pointer_type(tl.float32))
+        param_pointer = tl.load(main_param_pointers + tensor).to(tl.pointer_type(tl.float32))
+        exp_avg_pointer = tl.load(exp_avg_pointers + tensor).to(tl.pointer_type(tl.float32))
+        exp_avg_sq_pointer = tl.load(exp_avg_sq_pointers + tensor).to(tl.pointer_type(tl.float32))
         grad = tl.load(grad_pointer + offsets, mask=mask, other=0.0)
         param = tl.load(param_pointer + offsets, mask=mask, other=0.0)
         exp_avg = tl.load(exp_avg_pointer + offsets, mask=mask, other=0.0)
@@ -76,7 +78,7 @@ if _TRITON_AVAILABLE:
         tl.store(exp_avg_pointer + offsets, exp_avg, mask=mask)
         tl.store(exp_avg_sq_pointer + offsets, exp_avg_sq, mask=mask)
         if MODEL_DTYPE is not None:
-            model_pointer = tl.load(models + tensor).to(tl.pointer_type(MODEL_DTYPE))
+            model_pointer = tl.load(model_param_pointers + tensor).to(tl.pointer_type(MODEL_DTYPE))
             tl.store(model_pointer + offsets, param.to(MODEL_DTYPE), mask=mask)
 
 
