@@ -36,7 +36,7 @@ def test_fused_adamw_on_bf16_params_equals_fused_adamw_on_the_fp32_master():
         assert optimizer.step()[0]
         reference.step()
     for param, master in zip(model.parameters(), masters):
-        torch.testing.assert_close(param.main_param, master.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(param.main_param, master.detach(), rtol=1e-5, atol=1e-6)
         assert torch.equal(param.detach(), param.main_param.bfloat16())
 
 
