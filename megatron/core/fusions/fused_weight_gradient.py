@@ -27,13 +27,16 @@ def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tenso
 class _LinearWithGradAccumulation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias):
-        ctx.save_for_backward(input, weight)
+        ctx.save_for_backward(input)
+        # The parameter itself, not a saved copy: activation recomputation (torch.utils.checkpoint) hands
+        # back recomputed saved tensors, which lack main_grad.
+        ctx.weight = weight
         ctx.has_bias = bias is not None
         return F.linear(input, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
+        (input,), weight = ctx.saved_tensors, ctx.weight
         grad_input = grad_output.matmul(weight)  # [..., out] @ [out, in]
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [n, out]
         accumulate_weight_gradient(weight.main_grad, grad_output_2d, input.reshape(-1, input.size(-1)))
