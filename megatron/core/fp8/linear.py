@@ -62,16 +62,20 @@ class _Fp8Linear(torch.autograd.Function):
         if bias is not None and fused_bias is None:
             output = output + bias
         wgrad_operand = q_x.data if scaling.recipe.wgrad else x
-        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, q_w.scale, q_w.scale_inv)
-        # The parameter itself (for main_grad): recomputation hands back copies of saved tensors.
-        ctx.weight, ctx.scaling, ctx.record, ctx.accumulate = weight, scaling, record, accumulate
+        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, q_w.scale_inv)
+        # The parameter itself (for main_grad): recomputation hands back copies of saved tensors. The weight
+        # scale of the delayed recipe is a view of the scaling state, whose amax rows change in place while
+        # other microbatches run (autograd would refuse it as saved); its scale row only changes at the
+        # step-end update, after every backward of the step.
+        ctx.weight, ctx.weight_scale = weight, q_w.scale
+        ctx.scaling, ctx.record, ctx.accumulate = scaling, record, accumulate
         ctx.has_bias, ctx.input_shape = bias is not None, input.shape
         return output.view(*input.shape[:-1], out_features)
 
     @staticmethod
     def backward(ctx, grad_output):
-        wgrad_operand, x_scale_inv, w_scale, w_scale_inv = ctx.saved_tensors
-        weight, scaling = ctx.weight, ctx.scaling
+        wgrad_operand, x_scale_inv, w_scale_inv = ctx.saved_tensors
+        weight, w_scale, scaling = ctx.weight, ctx.weight_scale, ctx.scaling
         dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
         q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record)
         w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]

@@ -1,0 +1,58 @@
+"""fp8_linear on a GPU (compute capability 8.9+: the cuBLAS FP8 GEMMs of torch._scaled_mm, the quantizations
+compiled by Inductor) against the same hand-written reference as on the CPU (test_fp8_linear.py), computed on
+the GPU in fp32, for shapes of the Llama-style 3.6B model (h 3072, 24 heads, 8 key/value groups, ffn 8192)
+and an odd token count (the dW GEMM pads it).
+
+Tolerances: dX and a bf16 dW within one bf16 rounding (rtol 2^-7, relative to each entry and to the largest);
+Y within 3e-2, as its GEMM accumulates in cuBLAS' fast mode (Transformer Engine's and torchao's choice for the
+forward; its partial sums keep fewer bits); a dW accumulated in fp32 main_grad within 1e-4 (summation order).
+The compiled quantizations equal the eager functions bitwise (1 ulp for the reciprocal scale).
+"""
+
+import pytest
+import torch
+
+from megatron.core.fp8.quantize import quantize_current, quantize_transposed, quantize_with_amax
+from tests.unit_tests.fp8.test_fp8_linear import CASES, check_against_reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                       reason="needs a CUDA GPU of compute capability 8.9+"),
+]
+
+# (token dims, in_features K, out_features N)
+SHAPES = {
+    "odd tokens": ((3, 5), 32, 48),
+    "qkv": ((2, 2048), 3072, 5120),  # (24 + 2 x 8) x 128
+    "fc1": ((4096,), 3072, 16384),  # SwiGLU: 2 x 8192
+    "fc2": ((4096,), 8192, 3072),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("fp8_format, recipe, wgrad", CASES)
+def test_equals_the_reference_on_the_gpu(shape, fp8_format, recipe, wgrad):
+    check_against_reference(*SHAPES[shape], fp8_format, recipe, wgrad, device="cuda", forward_rtol=3e-2)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("wgrad", [True, False])
+def test_weight_gradient_in_main_grad_on_the_gpu(shape, wgrad):
+    check_against_reference(*SHAPES[shape], "hybrid", "delayed", wgrad, device="cuda", fusion=True,
+                            forward_rtol=3e-2, fp32_rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows, columns", [(4096, 3072), (15, 48), (3072, 16384)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_compiled_quantizations_equal_the_eager_functions(rows, columns, dtype):
+    x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16) * 3
+    scale = torch.tensor(50.0, device="cuda")
+    compiled, eager = quantize_with_amax(x, scale, dtype), quantize_with_amax.eager(x, scale, dtype)
+    assert torch.equal(compiled[0].view(torch.uint8), eager[0].view(torch.uint8)) and torch.equal(compiled[2], eager[2])
+    torch.testing.assert_close(compiled[1], eager[1], rtol=2e-7, atol=0)
+    compiled, eager = quantize_current(x, dtype, 1), quantize_current.eager(x, dtype, 1)
+    assert torch.equal(compiled[0].view(torch.uint8), eager[0].view(torch.uint8))
+    torch.testing.assert_close(compiled[1], eager[1], rtol=2e-7, atol=0)
+    compiled, eager = quantize_transposed(x, scale, dtype), quantize_transposed.eager(x, scale, dtype)
+    assert compiled.is_contiguous() and torch.equal(compiled.view(torch.uint8), eager.view(torch.uint8))
