@@ -1,9 +1,10 @@
 """`python -m megatron doctor`: what this installation will run on, in one screen.
 
-Versions of Python, torch, CUDA, NCCL and Triton; the GPUs; which optional back ends are installed (looked
-up in the package metadata, never imported, so a broken install cannot crash the report); which
-scaled-dot-product-attention kernels torch has enabled; and the environment variables that change how
-distributed runs behave (user-pain-points D3, D6).
+Versions of Python, torch, CUDA, NCCL and Triton; the GPUs; which optional packages are installed (looked
+up in the package metadata); the kernels a run will use for attention (flash-attn, or the SDPA kernels torch
+has enabled), norms (apex or torch) and the optimizer step, and whether Transformer Engine is there (each
+found by its extension's guarded import, megatron/core/extensions/, so a broken install is reported, never
+raised); and the environment variables that change how distributed runs behave (user-pain-points D3, D6).
 """
 
 import importlib.metadata
@@ -40,6 +41,20 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _backend_lines(sdpa: str, device_type: str) -> list[str]:
+    from megatron.core.extensions import apex, flash_attn, transformer_engine
+    from megatron.core.optimizer import adam_step_kernel
+
+    mixed, fp32 = (adam_step_kernel(device_type, mixed_precision) for mixed_precision in (True, False))
+    adam = mixed if mixed == fp32 else f"bf16/fp16: {mixed}; fp32: {fp32}"
+    return [
+        f"attention       {flash_attn.describe(sdpa)}",
+        f"norms           {apex.describe_norms()}",
+        f"optimizer       {adam}; apex FusedAdam is not used",
+        f"TE              {transformer_engine.describe()}",
+    ]
+
+
 def report() -> list[str]:
     """The lines `doctor` prints."""
     import torch
@@ -68,12 +83,13 @@ def report() -> list[str]:
             "math": torch.backends.cuda.math_sdp_enabled(),
         }
         enabled = ", ".join(name for name, on in kernels.items() if on)
-        lines.append(f"attention       torch SDPA, kernels enabled: {enabled}")
+        sdpa = f"torch SDPA (kernels enabled: {enabled})"
         lines.append("distributed     nccl")
     else:
         lines.append("cuda            not available: CPU only (gloo backend, fp32/bf16)")
-        lines.append("attention       torch SDPA (CPU kernels)")
+        sdpa = "torch SDPA (CPU kernels)"
         lines.append("distributed     gloo")
+    lines.extend(_backend_lines(sdpa, "cuda" if torch.cuda.is_available() else "cpu"))
     lines.append("optional packages:")
     for module, distribution in OPTIONAL_BACKENDS.items():
         version = _version(distribution) if importlib.util.find_spec(module) is not None else None

@@ -2,8 +2,9 @@
 
     layout       world size = TP x PP x CP x DP (EP), and for every rank its host, coordinates and parameters
     model        parameters in total; tokens per iteration; FLOPs per iteration
-    kernels      transformer implementation, attention backend and the SDPA kernels torch has enabled, fusions,
-                 and with --fp8-format the FP8 recipe and which layers run in FP8
+    kernels      transformer implementation; the kernels of attention (flash-attn, or SDPA and its enabled
+                 kernels), norms (apex or torch) and the optimizer step; Transformer Engine; fusions; and with
+                 --fp8-format the FP8 recipe and which layers run in FP8
     environment  the NCCL / CUDA / torch variables that are set (and CUDA_DEVICE_MAX_CONNECTIONS either way)
     signals      what --exit-signal does, and what torchrun passes on and how long it waits
     data         each dataset of the blend with its weight and how many epochs of it the run will draw
@@ -20,7 +21,9 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.extensions import apex, flash_attn, transformer_engine
 from megatron.core.fp8 import Fp8Recipe
+from megatron.core.optimizer import adam_step_kernel
 from megatron.doctor import ENVIRONMENT_VARIABLES
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
@@ -64,21 +67,39 @@ def _layout_lines(args, ranks: list) -> list:
     return lines
 
 
-def _kernel_lines(args) -> list:
-    lines = [f"kernels: --transformer-impl {args.transformer_impl}, --attention-backend {args.attention_backend}"]
+def _attention_kernels(args) -> str:
+    if args.attention_backend in ("unfused", "local"):
+        return "unfused matmul-softmax-matmul (the explicit reference)"
     if torch.cuda.is_available():
         enabled = [name for name, on in (("flash", torch.backends.cuda.flash_sdp_enabled()),
                                          ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
                                          ("efficient", torch.backends.cuda.mem_efficient_sdp_enabled()),
                                          ("math", torch.backends.cuda.math_sdp_enabled())) if on]
-        lines.append(f"  attention: torch SDPA on {torch.cuda.get_device_name()}, kernels enabled: "
-                     f"{', '.join(enabled)}")
+        sdpa = f"torch SDPA on {torch.cuda.get_device_name()} (kernels enabled: {', '.join(enabled)})"
     else:
-        lines.append("  attention: torch SDPA, CPU kernels (flash, or math when attention dropout is on)")
+        sdpa = "torch SDPA, CPU kernels (flash, or math when attention dropout is on)"
+    return sdpa if args.attention_backend == "fused" else flash_attn.describe(sdpa)
+
+
+def _optimizer_kernels(args) -> str:
+    if args.optimizer != "adam":
+        return f"torch {args.optimizer.upper()}"
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    mixed_precision = args.bf16 or args.fp16 or args.use_distributed_optimizer
+    return f"{adam_step_kernel(device_type, mixed_precision)}; apex FusedAdam is not used"
+
+
+def _kernel_lines(args) -> list:
     fusions = [name for name in ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
                                  "masked_softmax_fusion", "gradient_accumulation_fusion") if getattr(args, name, False)]
-    lines.append(f"  fusions asked for: {', '.join(fusions) or 'none'}")
-    return lines + _fp8_lines(args)
+    return [
+        f"kernels: --transformer-impl {args.transformer_impl}, --attention-backend {args.attention_backend}",
+        f"  attention: {_attention_kernels(args)}",
+        f"  norms: {apex.describe_norms()}",
+        f"  optimizer: {_optimizer_kernels(args)}",
+        f"  Transformer Engine: {transformer_engine.describe()}",
+        f"  fusions asked for: {', '.join(fusions) or 'none'}",
+    ] + _fp8_lines(args)
 
 
 def _fp8_lines(args) -> list:

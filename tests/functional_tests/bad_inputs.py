@@ -245,7 +245,8 @@ CASES = {
     "unsupported-value": BadInput(
         "`--transformer-impl transformer_engine` (not built yet)",
         lambda scratch: _validate("--transformer-impl", "transformer_engine"),
-        "--transformer-impl transformer_engine: only --transformer-impl local (pure PyTorch) exists so far"),
+        "--transformer-impl transformer_engine: Transformer Engine layers are not built here yet; use "
+        "--transformer-impl local (the default: the same model in pure PyTorch)"),
     "auto-resume-without-save": BadInput(
         "`--auto-resume` without `--save`", lambda scratch: _validate("--auto-resume"),
         "--auto-resume resumes from --save: give --save DIR"),

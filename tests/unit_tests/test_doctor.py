@@ -1,4 +1,4 @@
-"""`python -m megatron doctor` reports versions, back ends and environment without importing optional packages."""
+"""`python -m megatron doctor` reports versions, optional packages, the kernels a run will use and the environment."""
 
 import subprocess
 import sys
@@ -16,6 +16,9 @@ def test_doctor_reports_versions_backends_and_environment():
     assert f"torch           {torch.__version__}" in out
     assert "transformer_engine" in out and "flash_attn" in out and "torchao" in out
     assert "NCCL_DEBUG=WARN" in out
+    for backend in ("attention       ", "norms           ", "optimizer       ", "TE              "):
+        assert f"\n{backend}" in out  # the kernels a run will use
+    assert "apex FusedAdam is not used" in out
     assert ("nccl" in out) if torch.cuda.is_available() else ("gloo" in out)
 
 

@@ -1,11 +1,18 @@
 """The only module that imports NVIDIA Transformer Engine (TE). TE is optional: nothing else in the
-framework needs it, and asking for it without it installed is an ImportError that says what to do."""
+framework needs it, and asking for it without it installed is an ImportError that says what to do.
+
+This framework has no TE layer spec yet: `--transformer-impl transformer_engine` is refused (with or without
+TE installed), and Megatron-Core's `get_*_with_transformer_engine_*spec()` functions build the local layers,
+the same model in pure PyTorch."""
 
 import importlib
 
+from megatron.core.extensions import import_optional
+
+INSTALL_COMMAND = '`pip install "megatron[te]"` (transformer-engine[pytorch], needs CUDA)'
 INSTALL_HINT = (
-    'install it with `pip install "megatron[te]"` (transformer-engine[pytorch], needs CUDA), or use the '
-    "pure-PyTorch layers: get_gpt_layer_local_spec() / --transformer-impl local (the same model)"
+    f"install it with {INSTALL_COMMAND}, or use the pure-PyTorch layers: get_gpt_layer_local_spec() / "
+    "--transformer-impl local (the same model)"
 )
 
 
@@ -21,8 +28,24 @@ def require_transformer_engine(feature: str):
 
 def is_transformer_engine_available() -> bool:
     """True when `transformer_engine` imports."""
-    try:
-        importlib.import_module("transformer_engine")
-    except ImportError:
-        return False
-    return True
+    return import_optional("transformer_engine", instead="the layers are pure PyTorch") is not None
+
+
+TRANSFORMER_IMPL_REFUSAL = (
+    "Transformer Engine layers are not built here yet; use --transformer-impl local (the default: the same model "
+    "in pure PyTorch)"
+)
+
+
+def transformer_impl_refusal() -> str:
+    """Why `--transformer-impl transformer_engine` is refused, for an installation with or without TE."""
+    if is_transformer_engine_available():
+        return f"{TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is installed, but nothing here uses it yet"
+    return f"{TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is not installed either: {INSTALL_COMMAND}"
+
+
+def describe() -> str:
+    """One line for the banner and `doctor`."""
+    if is_transformer_engine_available():
+        return "installed, not used (its layer spec is not built here yet; the layers are pure PyTorch)"
+    return "not installed (not needed: the layers are pure PyTorch)"

@@ -9,9 +9,11 @@
     expert-parallel params too  ChainedOptimizer([dense optimizer, expert optimizer])
 
 Adam is `torch.optim.AdamW` (decoupled weight decay, as Megatron's FusedAdam in AdamW mode), fused into
-one kernel when the params live on a GPU.
+one kernel when the params live on a GPU; the mixed-precision wrappers step it with fusions/fused_adamw.py
+on CUDA. apex's FusedAdam is not used (extensions/apex.py says why).
 """
 
+import importlib.util
 import logging
 from typing import Callable, Dict, List, Optional
 
@@ -63,6 +65,16 @@ def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: 
             **({"fused": True} if device.type == "cuda" else {}),
         )
     return torch.optim.SGD(param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum)
+
+
+def adam_step_kernel(device_type: str, mixed_precision: bool) -> str:
+    """What runs Adam's step, for the banner and `doctor`. `mixed_precision`: a `MixedPrecisionOptimizer`
+    (--bf16, --fp16 or the distributed optimizer), whose step takes fusions/fused_adamw.py on CUDA."""
+    if device_type != "cuda":
+        return "torch Adam(W), foreach implementation"
+    if mixed_precision and importlib.util.find_spec("triton") is not None:
+        return "Adam(W) update and copy into the model params in one Triton kernel (fusions/fused_adamw.py)"
+    return "torch Adam(W), fused CUDA kernel"
 
 
 def _grad_scaler(config: OptimizerConfig, device: torch.device) -> Optional[MegatronGradScaler]:

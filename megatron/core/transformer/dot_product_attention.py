@@ -3,7 +3,9 @@
 Inputs are sequence-first: query [sq, b, np, hn], key/value [sk, b, ng, hn] (ng <= np key/value
 heads; query head i uses group i // (np/ng)). Output [sq, b, np * hn]. `config.attention_backend`
 picks the kernel: PyTorch SDPA (`auto`, `flash`, `fused`) or the explicit unfused reference (`unfused`,
-`local`), which also honours `attention_softmax_in_fp32` and `apply_query_key_layer_scaling`.
+`local`), which also honours `attention_softmax_in_fp32` and `apply_query_key_layer_scaling`. With
+flash-attn installed, `auto` and `flash` send the calls it can take (CUDA fp16/bf16, causal or unmasked;
+extensions/flash_attn.py) to its `flash_attn_func`, the rest to SDPA.
 
 Masks are boolean with True = masked, broadcastable to [b, np, sq, sk]. With `AttnMaskType.causal` and
 no mask given, the causal mask is built in (SDPA's `is_causal`, no mask tensor at all); a given mask
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from megatron.core.extensions.flash_attn import load_flash_attention
 from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
 from megatron.core.transformer.context_parallel import context_parallel_attention, cp_comm_type_of_layer
@@ -33,6 +36,7 @@ _SDPA_KERNELS = {
     AttnBackend.flash: [SDPBackend.FLASH_ATTENTION],
     AttnBackend.fused: [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
 }
+_FLASH_ATTN_BACKENDS = (AttnBackend.auto, AttnBackend.flash)
 _LOGGED_BACKENDS: set = set()
 _MASKED_SCORE = -10000.0  # Megatron's fill value: exp() underflows to 0 yet fully masked rows stay finite
 
@@ -60,9 +64,12 @@ class DotProductAttention(MegatronModule):
         self.softmax_scale = softmax_scale
         self.backend = config.attention_backend
         self.use_sdpa = self.backend in _SDPA_KERNELS
+        self.flash_attention = load_flash_attention() if self.backend in _FLASH_ATTN_BACKENDS else None
         if self.backend not in _LOGGED_BACKENDS:
             _LOGGED_BACKENDS.add(self.backend)
             kernel = "torch scaled_dot_product_attention" if self.use_sdpa else "unfused matmul-softmax-matmul"
+            if self.flash_attention is not None:
+                kernel = f"flash-attn {self.flash_attention.version} where it applies, else {kernel}"
             logger.info("core attention: %s (attention_backend=%s)", kernel, self.backend.name)
 
     def forward(
@@ -87,6 +94,9 @@ class DotProductAttention(MegatronModule):
         dropout_p = self.dropout_p if self.training else 0.0
         if self.config.context_parallel_size > 1:
             return self._context_parallel(query, key, value, attention_mask, causal, dropout_p)
+        if self._flash_attention_takes(query, key, attention_mask, causal):
+            with _dropout_rng(dropout_p):
+                return self.flash_attention(query, key, value, dropout_p, self.softmax_scale, causal)
         # [s, b, heads, hn] -> [b, heads, s, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         if self.use_sdpa:
@@ -96,6 +106,17 @@ class DotProductAttention(MegatronModule):
         # [b, np, sq, hn] -> [sq, b, np * hn]
         b, heads, sq, hn = context.shape
         return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+    def _flash_attention_takes(self, query, key, attention_mask, causal) -> bool:
+        """True when flash-attn is loaded and can take this call; each reason it cannot is logged once. A layer
+        compiled with torch.compile keeps SDPA, which Dynamo traces."""
+        if self.flash_attention is None or torch.compiler.is_compiling():
+            return False
+        reason = self.flash_attention.unsupported_reason(query, key, attention_mask is not None, causal)
+        if reason is not None and ("flash-attn", reason) not in _LOGGED_BACKENDS:
+            _LOGGED_BACKENDS.add(("flash-attn", reason))
+            logger.info("core attention: flash-attn does not take %s; using torch SDPA", reason)
+        return reason is None
 
     def _context_parallel(self, query, key, value, attention_mask, causal, dropout_p):
         """This CP rank's queries against the keys/values of the whole sequence (context_parallel/)."""

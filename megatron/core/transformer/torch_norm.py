@@ -2,13 +2,14 @@
 
 With `zero_centered_gamma` (`--apply-layernorm-1p`) the stored weight is w - 1 (initialised to 0) and
 the forward uses w = weight + 1, so weight decay pulls the scale towards 1 instead of 0.
+The kernels are torch's, or apex's fused ones on CUDA when apex is installed (extensions/apex.py).
 Parameters carry `sequence_parallel`, telling the grad sync to all-reduce them over TP when the
 activations they see are sequence-split.
 """
 
 import torch
-import torch.nn.functional as F
 
+from megatron.core.extensions.apex import layer_norm, rms_norm
 from megatron.core.tensor_parallel.layers import parameter_device
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -45,14 +46,14 @@ class LayerNorm(_ScaledNorm):
         self.bias = _norm_parameter(config, hidden_size, 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.hidden_size,), self.scale(), self.bias, self.eps)
+        return layer_norm(x, self.scale(), self.bias, self.eps)
 
 
 class RMSNorm(_ScaledNorm):
     """y = x / sqrt(mean(x^2) + eps) * w over the last dimension (no bias)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.hidden_size,), self.scale(), self.eps)
+        return rms_norm(x, self.scale(), self.eps)
 
 
 class WrappedTorchNorm:

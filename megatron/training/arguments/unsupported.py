@@ -9,6 +9,7 @@ import argparse
 import functools
 from dataclasses import dataclass
 
+from megatron.core.extensions.transformer_engine import transformer_impl_refusal
 from megatron.training.arguments.parser import build_parser
 
 
@@ -35,8 +36,7 @@ UNSUPPORTED = (
     Unsupported("--fp4-format", "FP4 training is not supported yet"),
     Unsupported("--fp4-param-gather", "FP4 training is not supported yet"),
     Unsupported("--te-rng-tracker", "the Transformer Engine back end is not supported yet"),
-    Unsupported("--transformer-impl", "only --transformer-impl local (pure PyTorch) exists so far",
-                ("transformer_engine", "inference_optimized")),
+    Unsupported("--transformer-impl", "is not supported yet; use --transformer-impl local", ("inference_optimized",)),
     Unsupported("--embedding-init-method-std", "a separate embedding init std is not supported yet"),
     Unsupported("--position-embedding-type", "is not supported yet; use learned_absolute, rope or none",
                 ("yarn", "mrope", "relative")),
@@ -62,7 +62,7 @@ def _actions_by_flag() -> dict:
 
 
 def find_unsupported(args: argparse.Namespace) -> list:
-    """One message per row of UNSUPPORTED that `args` asks for."""
+    """One message per row of UNSUPPORTED that `args` asks for, and one for `--transformer-impl transformer_engine`."""
     actions = _actions_by_flag()
     problems = []
     for row in UNSUPPORTED:
@@ -72,4 +72,6 @@ def find_unsupported(args: argparse.Namespace) -> list:
         if refused:
             shown = row.flag if action.nargs == 0 else f"{row.flag} {value}"
             problems.append(f"{shown}: {row.message}")
+    if getattr(args, "transformer_impl", "local") == "transformer_engine":  # the message depends on TE's presence
+        problems.append(f"--transformer-impl transformer_engine: {transformer_impl_refusal()}")
     return problems

@@ -1,8 +1,14 @@
 """Start-up banner lines (layout, environment, data blend epochs) and the progress bar / progress.txt."""
 
+import sys
+
 import numpy as np
+import torch
 
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.extensions.apex import load_fused_norms
+from megatron.core.extensions.flash_attn import load_flash_attention
+from megatron.core.optimizer import adam_step_kernel
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.banner import banner_lines
 from megatron.training.progress import ProgressLog, progress_bar
@@ -52,6 +58,25 @@ def test_banner_summarises_a_large_world(monkeypatch):
     text = "\n".join(banner_lines(_args(monkeypatch, "--mock-data"), _ranks(40), num_microbatches=2))
     assert "rank   31 on node" in text and "rank   32 on node" not in text
     assert "... 8 more ranks; parameters per rank from 1,000 to 1,039" in text
+
+
+def test_banner_names_the_kernels_of_attention_norms_and_optimizer(monkeypatch):
+    for name in ("flash_attn", "apex", "apex.normalization", "apex.normalization.fused_layer_norm",
+                 "transformer_engine"):
+        monkeypatch.setitem(sys.modules, name, None)  # none of them installed
+    load_flash_attention.cache_clear()
+    load_fused_norms.cache_clear()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    text = "\n".join(banner_lines(_args(monkeypatch, "--mock-data", "--bf16"), _ranks(1), num_microbatches=2))
+    assert "  attention: torch SDPA" in text and "; flash-attn not installed" in text
+    assert "  norms: torch layer_norm / rms_norm (apex's fused norms not installed)" in text
+    assert f"  optimizer: {adam_step_kernel(device_type, True)}; apex FusedAdam is not used" in text
+    assert "  Transformer Engine: not installed (not needed: the layers are pure PyTorch)" in text
+    args = _args(monkeypatch, "--mock-data", "--attention-backend", "unfused", "--optimizer", "sgd")
+    text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
+    assert "  attention: unfused matmul-softmax-matmul" in text and "  optimizer: torch SGD" in text
+    load_flash_attention.cache_clear()
+    load_fused_norms.cache_clear()
 
 
 def test_progress_bar():
