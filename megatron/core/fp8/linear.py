@@ -9,9 +9,10 @@
 Layouts (`torch._scaled_mm(a, b)` wants `a` row-major, `b` column-major, sizes multiples of 16): the forward
 takes q_X [M, K] and q_W^T (q_W [N, K] as it is); dX takes q_dY [M, N] and q_W re-quantized from W^T with
 the forward's scale (contiguous [K, N], so nothing of W's size is kept from forward to backward); dW takes
-q_dY^T [N, M'] and q_X^T [K, M'] (M' = M rounded up to 16 with zero tokens). Saved for backward: q_X (one
-byte per element instead of bf16's two), or X itself with wgrad=False. The forward GEMM accumulates with
-cuBLAS' fast mode and the two backward GEMMs without it, as Transformer Engine and torchao do.
+q_dY^T [N, M'] and q_X^T [K, M'] (M' = M rounded up to 16 with zero tokens), written by the same kernels
+that quantize X and dY. Saved for backward: q_X^T (one byte per element instead of bf16's two), or X
+itself with wgrad=False. The forward GEMM accumulates with cuBLAS' fast mode and the two backward GEMMs
+without it, as Transformer Engine and torchao do.
 
 With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` and the weight is marked
 `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (the
@@ -26,7 +27,7 @@ import functools
 
 import torch
 
-from megatron.core.fp8.quantize import quantize_transposed, transpose_padded
+from megatron.core.fp8.quantize import quantize_transposed, token_padding
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Scaling
 from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
 
@@ -53,22 +54,22 @@ class _Fp8Linear(torch.autograd.Function):
     def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool):
         in_features, out_features = weight.shape[1], weight.shape[0]
         x = input.reshape(-1, in_features).contiguous()  # [M, K]
-        record = scaling.training
-        q_x = scaling.quantize(x, INPUT, record)
+        record, fp8_wgrad = scaling.training, scaling.recipe.wgrad and ctx.needs_input_grad[1]
+        q_x = scaling.quantize(x, INPUT, record, token_padding(x.shape[0]) if fp8_wgrad else None)
         q_w = scaling.quantize(weight, WEIGHT, record)
         # _scaled_mm adds a bias only to a bf16/fp16 output of the bias' dtype.
         fused_bias = bias if bias is not None and bias.dtype == input.dtype != torch.float32 else None
         output = _scaled_mm(q_x.data, q_w.data.t(), q_x.scale_inv, q_w.scale_inv, input.dtype, True, fused_bias)
         if bias is not None and fused_bias is None:
             output = output + bias
-        wgrad_operand = q_x.data if scaling.recipe.wgrad else x
-        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, q_w.scale_inv)
+        # dW's operand: q_X^T [K, M'] for an FP8 dW, else X [M, K].
+        ctx.save_for_backward(q_x.transposed if fp8_wgrad else x, q_x.scale_inv, q_w.scale_inv)
         # The parameter itself (for main_grad): recomputation hands back copies of saved tensors. The weight
         # scale of the delayed recipe is a view of the scaling state, whose amax rows change in place while
         # other microbatches run (autograd would refuse it as saved); its scale row only changes at the
         # step-end update, after every backward of the step.
         ctx.weight, ctx.weight_scale = weight, q_w.scale
-        ctx.scaling, ctx.record, ctx.accumulate = scaling, record, accumulate
+        ctx.scaling, ctx.record, ctx.accumulate, ctx.fp8_wgrad = scaling, record, accumulate, fp8_wgrad
         ctx.has_bias, ctx.input_shape = bias is not None, input.shape
         return output.view(*input.shape[:-1], out_features)
 
@@ -77,7 +78,7 @@ class _Fp8Linear(torch.autograd.Function):
         wgrad_operand, x_scale_inv, w_scale_inv = ctx.saved_tensors
         weight, w_scale, scaling = ctx.weight, ctx.weight_scale, ctx.scaling
         dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
-        q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record)
+        q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record, token_padding(dy.shape[0]) if ctx.fp8_wgrad else None)
         w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
         grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
         grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight)
@@ -87,12 +88,14 @@ class _Fp8Linear(torch.autograd.Function):
 
 def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
     """dW [N, K]: returned, or (ctx.accumulate) put into `weight.main_grad` with a dummy returned."""
-    if not ctx.scaling.recipe.wgrad:  # wgrad_operand is X [M, K] in bf16
+    if not ctx.needs_input_grad[1]:
+        return None
+    if not ctx.fp8_wgrad:  # wgrad_operand is X [M, K]
         if not ctx.accumulate:
             return dy.t().matmul(wgrad_operand)
         accumulate_weight_gradient(weight.main_grad, dy, wgrad_operand)
     else:
-        a, b = transpose_padded(q_dy.data), transpose_padded(wgrad_operand).t()  # [N, M'], [M', K]
+        a, b = q_dy.transposed, wgrad_operand.t()  # [N, M'] row-major, [M', K] column-major
         if not ctx.accumulate:
             return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
         if weight.grad_added_to_main_grad:

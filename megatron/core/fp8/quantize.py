@@ -6,8 +6,11 @@ Values beyond the representable range become +-fp8_max instead of inf/NaN (NaN s
 is still seen). `torch._scaled_mm` takes the inverse scales: (q_a * scale_inv_a) @ (q_b * scale_inv_b).
 
 On CUDA each function below runs compiled (`cuda_fuser`: Inductor generates the kernels), so a delayed-
-scaling quantization reads x once and writes q while reducing max|x|; on CPU the same functions run eagerly,
-which is what the CPU tests exercise.
+scaling quantization reads x once and writes q (and its transpose, for a dW GEMM) while reducing max|x|; on
+CPU the same functions run eagerly, which is what the CPU tests exercise.
+
+A dW GEMM sums over tokens, so it takes its operands transposed, [features, tokens], with the token count M
+padded to a multiple of 16 by zero tokens (`transpose_pad` = -M mod 16; zeros add nothing to the sum).
 """
 
 from typing import NamedTuple
@@ -25,9 +28,10 @@ _FP32_MAX = torch.finfo(torch.float32).max
 class Fp8Tensor(NamedTuple):
     """A quantized operand: `data` stands for data * scale_inv."""
 
-    data: torch.Tensor  # float8
+    data: torch.Tensor  # float8 [rows, columns]
     scale: torch.Tensor  # 0-dim fp32: data = saturate(x * scale)
     scale_inv: torch.Tensor  # 0-dim fp32: 1 / scale
+    transposed: torch.Tensor | None = None  # float8 [columns, rows padded to 16], contiguous, when asked for
 
 
 def saturating_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -44,32 +48,37 @@ def scale_from_amax(amax: torch.Tensor, fp8_max, margin: int, fallback: torch.Te
     return torch.where(torch.isinf(scale), torch.full_like(scale, _FP32_MAX), scale)
 
 
-@cuda_fuser
-def quantize_with_amax(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-    """(saturate(x * scale), 1 / scale, max|x| in fp32): the delayed-scaling cast, which records the amax
-    that later scales are computed from."""
-    return saturating_cast(x, scale, dtype), scale.reciprocal(), x.abs().amax().float()
+def token_padding(rows: int) -> int:
+    """Zero tokens that bring `rows` tokens to a multiple of 16."""
+    return -rows % GEMM_ALIGNMENT
+
+
+def _transposed_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose_pad: int | None):
+    """saturate(x^T * scale) [columns, rows + transpose_pad], contiguous, zero-padded; None without a pad."""
+    if transpose_pad is None:
+        return None
+    return saturating_cast(F.pad(x.t(), (0, transpose_pad)), scale, dtype).contiguous()
 
 
 @cuda_fuser
-def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int):
-    """(q, scale, scale_inv) with the scale from x's own amax (tensorwise recipe; scale 1 for x = 0)."""
+def quantize_with_amax(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose_pad: int | None = None):
+    """(q, q^T or None, 1 / scale, max|x| in fp32) with q = saturate(x * scale): the delayed-scaling cast,
+    which records the amax that later scales are computed from."""
+    transposed = _transposed_cast(x, scale, dtype, transpose_pad)
+    return saturating_cast(x, scale, dtype), transposed, scale.reciprocal(), x.abs().amax().float()
+
+
+@cuda_fuser
+def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int, transpose_pad: int | None = None):
+    """(q, q^T or None, scale, scale_inv) with the scale from x's own amax (tensorwise recipe; scale 1 for
+    x = 0)."""
     amax = x.abs().amax().float()
     scale = scale_from_amax(amax, FP8_MAX[dtype], margin, torch.ones_like(amax))
-    return saturating_cast(x, scale, dtype), scale, scale.reciprocal()
+    transposed = _transposed_cast(x, scale, dtype, transpose_pad)
+    return saturating_cast(x, scale, dtype), transposed, scale, scale.reciprocal()
 
 
 @cuda_fuser
 def quantize_transposed(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """saturate(x^T * scale), contiguous: x [rows, cols] -> [cols, rows] (a weight for the dX GEMM)."""
     return saturating_cast(x.t(), scale, dtype).contiguous()
-
-
-def transpose_padded(data: torch.Tensor) -> torch.Tensor:
-    """An FP8 matrix [m, n] -> its transpose [n, m'], contiguous, with m' = m rounded up to a multiple of
-    16 by zero columns (the token dimension of a dW GEMM; zeros add nothing to the sum over tokens).
-    Done on the uint8 view (FP8 zero is the byte 0 in both formats)."""
-    raw = data.view(torch.uint8).t()
-    pad = -raw.shape[1] % GEMM_ALIGNMENT
-    raw = F.pad(raw, (0, pad)) if pad else raw
-    return raw.contiguous().view(data.dtype)

@@ -54,18 +54,20 @@ class Fp8Scaling(torch.nn.Module):
         else:
             self.meta = None
 
-    def quantize(self, x: torch.Tensor, operand: int, record: bool) -> Fp8Tensor:
-        """`x` in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT); with `record`, its amax goes
-        into this step's row of the history."""
+    def quantize(self, x: torch.Tensor, operand: int, record: bool, transpose_pad: int | None = None) -> Fp8Tensor:
+        """`x` [rows, columns] in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT), with its
+        transpose padded by `transpose_pad` zero rows unless that is None (quantize.py); with `record`, its
+        amax goes into this step's row of the history."""
         dtype = self.dtypes[operand]
         if not self.recipe.delayed:
-            return Fp8Tensor(*quantize_current(x, dtype, self.recipe.margin))
+            data, transposed, scale, scale_inv = quantize_current(x, dtype, self.recipe.margin, transpose_pad)
+            return Fp8Tensor(data, scale, scale_inv, transposed)
         scale = self.meta[0, operand]
-        data, scale_inv, amax = quantize_with_amax(x, scale, dtype)
+        data, transposed, scale_inv, amax = quantize_with_amax(x, scale, dtype, transpose_pad)
         if record:
             running = self.meta[1, operand]
             torch.maximum(running, amax, out=running)
-        return Fp8Tensor(data, scale, scale_inv)
+        return Fp8Tensor(data, scale, scale_inv, transposed)
 
     def _apply(self, fn, recurse=True):
         """Device moves apply to `meta`; dtype casts (Float16Module's `.to(bfloat16)`) do not: scales and

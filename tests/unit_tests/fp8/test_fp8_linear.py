@@ -135,6 +135,16 @@ def test_microbatches_in_flight_as_a_pipeline_schedule_runs_them():
     assert torch.equal(together.meta, one_by_one.meta)
 
 
+def test_frozen_weight_gets_no_gradient():
+    x, w, b, dy = _inputs((2, 8), 32, 16)
+    scaling = _scaling("e4m3", "delayed", True)
+    x.requires_grad_()
+    fp8_linear(x, w, None, scaling).backward(dy)
+    expected_dx = _reference(x.detach(), w, b, dy, scaling)[1]
+    torch.testing.assert_close(x.grad.float(), expected_dx, rtol=2**-7, atol=2**-7 * expected_dx.abs().max().item())
+    assert w.grad is None
+
+
 @pytest.mark.parametrize("fp8_format, gradient_bound", [("e4m3", 0.06), ("hybrid", 0.12)])
 def test_close_to_the_bf16_linear(fp8_format, gradient_bound):
     x, w, b, dy = _inputs((4, 16), 128, 96, seed=3)
