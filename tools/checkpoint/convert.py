@@ -1,5 +1,5 @@
-"""Megatron's checkpoint converter: reshard torch-format GPT checkpoints to any TP/PP, export to and
-import from Hugging Face (GPT-2, Llama / Mistral / Qwen2).
+"""Megatron's checkpoint converter: reshard torch-format GPT checkpoints to any TP/PP/EP, export to and
+import from Hugging Face (GPT-2, Llama / Mistral / Qwen2, Mixtral).
 
     python tools/checkpoint/convert.py --model-type GPT --loader core --saver core \\
         --load-dir ckpt --save-dir ckpt-tp2 --target-tensor-parallel-size 2

@@ -9,13 +9,25 @@ values and reports every problem at once; config_file.py reads `--config-file`; 
 the result into `TransformerConfig`, `OptimizerConfig` and `DistributedDataParallelConfig`.
 """
 
-from megatron.training.arguments.core_configs import (
-    core_transformer_config_from_args,
-    ddp_config_from_args,
-    optimizer_config_from_args,
-)
+import importlib
+
 from megatron.training.arguments.parser import add_megatron_arguments, build_parser, parse_args
-from megatron.training.arguments.validation import validate_args
+
+# validation.py and core_configs.py import megatron.core (the transformer, optimizer and context-parallel
+# packages); they are loaded on first use, so that the checkpoint tools read arguments without model code.
+_LAZY = {
+    "validate_args": "validation",
+    "core_transformer_config_from_args": "core_configs",
+    "ddp_config_from_args": "core_configs",
+    "optimizer_config_from_args": "core_configs",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "add_megatron_arguments",

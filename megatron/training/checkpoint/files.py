@@ -13,6 +13,9 @@ import torch
 
 from megatron.core.atomic_write import write_atomically
 
+# The `checkpoint_version` every torch-format file records (Megatron-LM writes 3.0).
+CHECKPOINT_VERSION = 3.0
+
 
 def save_atomically(obj, filename) -> None:
     """`torch.save(obj, filename)`, crash-safe."""

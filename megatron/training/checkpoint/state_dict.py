@@ -13,8 +13,7 @@ import torch
 
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer.module import Float16Module
-
-CHECKPOINT_VERSION = 3.0
+from megatron.training.checkpoint.files import CHECKPOINT_VERSION
 
 _WRAPPERS = (DistributedDataParallel, torch.nn.parallel.DistributedDataParallel, Float16Module)
 

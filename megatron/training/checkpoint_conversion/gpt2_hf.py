@@ -34,6 +34,7 @@ def gpt2_export_problems(shape: GPTShape) -> list[str]:
          f"--position-embedding-type {shape.position_embedding_type} (GPT-2 learns absolute positions)"),
         (shape.num_query_groups != shape.num_attention_heads, "--group-query-attention (GPT-2 is multi-head)"),
         (shape.swiglu, "--swiglu (GPT-2 has a GELU MLP)"),
+        (shape.num_experts is not None, "--num-experts (GPT-2 has a dense MLP)"),
         (not shape.add_bias_linear, "--disable-bias-linear (GPT-2 has biases)"),
         (not shape.tied_embeddings, "--untie-embeddings-and-output-weights (GPT-2 ties lm_head to wte)"),
         (shape.kv_channels * shape.num_attention_heads != shape.hidden_size,

@@ -2,8 +2,8 @@
 
 The shape decides every transform: how the fused QKV rows are grouped (heads, query groups, head
 width), whether `linear_fc1` holds [gate; up] (SwiGLU), which tensors exist (biases, position
-embeddings, an untied output layer), and how many vocabulary rows are real (`vocab_size`) versus
-padding (`padded_vocab_size`, reference 12 item 11).
+embeddings, an untied output layer, a router and routed experts in the MoE layers), and how many
+vocabulary rows are real (`vocab_size`) versus padding (`padded_vocab_size`, reference 12 item 11).
 """
 
 import argparse
@@ -37,6 +37,13 @@ class GPTShape:
     vocab_size: int | None  # the tokenizer's, without padding rows; None when unknown
     padded_vocab_size: int
     params_dtype: torch.dtype
+    # Mixture of experts: the routed experts of each MoE layer (router + E SwiGLU/GELU MLPs), else None.
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int = 2
+    moe_router_score_function: str = "softmax"
+    moe_router_pre_softmax: bool = False  # top-k of the softmax over all experts, not renormalised
+    moe_layers: tuple[bool, ...] = ()  # per layer: MoE (True) or dense MLP; empty without experts
 
     @property
     def qkv_bias(self) -> bool:
@@ -55,11 +62,20 @@ def _gelu_variant(args) -> str:
     return "gelu"
 
 
+def _expert_tensor_parallel_size(args) -> int:
+    return getattr(args, "expert_tensor_parallel_size", None) or args.tensor_model_parallel_size
+
+
 def _unsupported_features(args) -> list[str]:
     """Settings whose weights the GPT conversions cannot express, one message each."""
     problems = []
     checks = (
-        (getattr(args, "num_experts", None), "--num-experts (mixture of experts)"),
+        (getattr(args, "moe_shared_expert_intermediate_size", None), "--moe-shared-expert-intermediate-size"),
+        (getattr(args, "moe_router_enable_expert_bias", False), "--moe-router-enable-expert-bias"),
+        (getattr(args, "num_experts", None) and getattr(args, "add_bias_linear", False),
+         "biases in experts (--add-bias-linear with --num-experts)"),
+        (getattr(args, "num_experts", None) and _expert_tensor_parallel_size(args) != args.tensor_model_parallel_size,
+         "--expert-tensor-parallel-size other than --tensor-model-parallel-size"),
         (getattr(args, "qk_layernorm", False), "--qk-layernorm"),
         (getattr(args, "apply_layernorm_1p", False), "--apply-layernorm-1p"),
         (getattr(args, "squared_relu", False), "--squared-relu"),
@@ -85,6 +101,16 @@ def _unsupported_features(args) -> list[str]:
     if args.normalization not in ("LayerNorm", "RMSNorm"):
         problems.append(f"--normalization {args.normalization}: the conversion knows LayerNorm and RMSNorm")
     return problems
+
+
+def _moe_layers(args) -> tuple[bool, ...]:
+    """Which layers are MoE under `--moe-layer-freq` (N: layers 0, N, 2N, ...; or a 0/1 list); () when dense."""
+    if not getattr(args, "num_experts", None):
+        return ()
+    frequency = getattr(args, "moe_layer_freq", 1)
+    if isinstance(frequency, int):
+        return tuple(layer % frequency == 0 for layer in range(args.num_layers))
+    return tuple(bool(is_moe) for is_moe in frequency)
 
 
 def gpt_shape_from_args(args: argparse.Namespace, vocab_size: int | None) -> GPTShape:
@@ -120,4 +146,10 @@ def gpt_shape_from_args(args: argparse.Namespace, vocab_size: int | None) -> GPT
         vocab_size=vocab_size,
         padded_vocab_size=args.padded_vocab_size,
         params_dtype=getattr(args, "params_dtype", torch.float32),
+        num_experts=getattr(args, "num_experts", None),
+        moe_ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None) or args.ffn_hidden_size,
+        moe_router_topk=getattr(args, "moe_router_topk", 2),
+        moe_router_score_function=getattr(args, "moe_router_score_function", "softmax"),
+        moe_router_pre_softmax=getattr(args, "moe_router_pre_softmax", False),
+        moe_layers=_moe_layers(args),
     )

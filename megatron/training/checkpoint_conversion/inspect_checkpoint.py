@@ -25,8 +25,9 @@ from megatron.training.checkpoint_conversion.torch_checkpoint import iteration_d
 _ARGS_SUMMARY = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
     "seq_length", "max_position_embeddings", "padded_vocab_size", "normalization", "position_embedding_type",
-    "swiglu", "add_bias_linear", "untie_embeddings_and_output_weights", "tensor_model_parallel_size",
-    "pipeline_model_parallel_size", "tokenizer_type", "consumed_train_samples", "params_dtype",
+    "swiglu", "add_bias_linear", "untie_embeddings_and_output_weights", "num_experts", "tensor_model_parallel_size",
+    "pipeline_model_parallel_size", "expert_model_parallel_size", "tokenizer_type", "consumed_train_samples",
+    "params_dtype",
 )
 _OTHER_STATE = ("optimizer", "opt_param_scheduler", "lr_scheduler", "rng_state", "rerun_state_machine",
                 "num_floating_point_operations_so_far")
@@ -81,18 +82,20 @@ def describe_checkpoint(load_dir: str, iteration: int | None = None, tensors: bo
     directory, iteration, release = iteration_directory(load_dir, iteration, allow_distributed=True)
     if is_distributed_checkpoint(directory):
         return "\n".join(_describe_distributed(directory, iteration, release, tensors))
-    files = rank_files(directory)
+    first = load_checkpoint_file(rank_files(directory)[(0, 0, 0)])
+    expert_parallel = getattr(first.get("args"), "expert_model_parallel_size", 1) > 1
+    files = rank_files(directory, expert_parallel)
     lines = [f"checkpoint {directory}", f"  iteration: {'release' if release else iteration}",
              f"  parallel layout: {len(files)} file(s): "
              + ", ".join(os.path.basename(os.path.dirname(path)) for path in files.values())]
-    for index, ((tensor_rank, pipeline_rank), path) in enumerate(sorted(files.items())):
-        checkpoint = load_checkpoint_file(path)
-        if index == 0:
-            lines += _version_and_args_lines(checkpoint)
+    lines += _version_and_args_lines(first)
+    for (tensor_rank, pipeline_rank, expert_rank), path in sorted(files.items()):
+        checkpoint = first if (tensor_rank, pipeline_rank, expert_rank) == (0, 0, 0) else load_checkpoint_file(path)
         present = [key for key in _OTHER_STATE if key in checkpoint]
         absent = [key for key in ("optimizer", "opt_param_scheduler", "rng_state") if key not in checkpoint]
         distributed_optimizer = os.path.isfile(os.path.join(os.path.dirname(path), "distrib_optim.pt"))
-        lines.append(f"  [tp {tensor_rank}, pp {pipeline_rank}] {path}")
+        expert = f", ep {expert_rank}" if expert_parallel else ""
+        lines.append(f"  [tp {tensor_rank}, pp {pipeline_rank}{expert}] {path}")
         lines.append(f"    present: {', '.join(present) or 'none'}; absent: {', '.join(absent) or 'none'}; "
                      f"distrib_optim.pt: {'yes' if distributed_optimizer else 'no'}")
         chunks = sorted(key for key in checkpoint if key == "model" or (key.startswith("model") and key[5:].isdigit()))

@@ -1,9 +1,12 @@
-"""Megatron-Core `GPTModel` state dict <-> Hugging Face `LlamaForCausalLM` family (Llama, Mistral, Qwen2).
+"""Megatron-Core `GPTModel` state dict <-> Hugging Face `LlamaForCausalLM` family (Llama, Mistral, Qwen2,
+and `MixtralForCausalLM` for mixture-of-experts models).
 
 One function per transform:
 
     qkv_to_llama / qkv_from_llama   per-group rows [ng, np/ng + 2, hn] <-> q_proj [np*hn], k/v_proj [ng*hn]
     fc1_to_llama / fc1_from_llama   SwiGLU linear_fc1 = cat([gate_proj, up_proj], dim 0)
+    moe_to_mixtral / moe_from_mixtral   router.weight = block_sparse_moe.gate.weight [E, h]; expert e's
+                                    linear_fc1 = cat([w1 (gate), w3 (up)]), linear_fc2 = w2
     trim_to_tokenizer               padded vocabulary rows dropped (vocab_padding.py)
 
 No RoPE permutation: Megatron-Core's non-interleaved rotary embedding rotates halves
@@ -13,7 +16,11 @@ HF's `repeat_kv` gives query head j the key head j // (np/ng): the same grouping
 
 Which class: no biases -> LlamaForCausalLM; biases only on q/k/v (--add-qkv-bias) -> Qwen2ForCausalLM;
 biases on every linear (--add-bias-linear) -> Llama with attention_bias and mlp_bias. Mistral checkpoints
-(Llama's shape; `sliding_window` unset) import like Llama.
+(Llama's shape; `sliding_window` unset) import like Llama. Experts in every layer -> Mixtral, whose
+router takes the top-k of softmax(logits) and renormalises them: Megatron's default router (top-k of the
+logits, softmax over those k) computes the same weights; --moe-router-pre-softmax (no renormalisation)
+does not for k > 1, nor does a sigmoid router. Mixtral routes every token (no capacity), so a model
+trained with --moe-expert-capacity-factor exports as its dropless counterpart.
 """
 
 import torch
@@ -21,9 +28,10 @@ import torch
 from megatron.training.checkpoint_conversion.gpt_shape import GPTShape
 from megatron.training.checkpoint_conversion.vocab_padding import trim_to_tokenizer
 
-IMPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2")
+IMPORTABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "mixtral")
 # Megatron-Core's Llama-3.1 RoPE scaling has these constants (rotary_pos_embedding.apply_llama3_scaling).
 _LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def llama_export_problems(shape: GPTShape) -> list[str]:
@@ -34,7 +42,18 @@ def llama_export_problems(shape: GPTShape) -> list[str]:
          f"--position-embedding-type {shape.position_embedding_type} (Llama uses rope)"),
         (not shape.swiglu, "no --swiglu (Llama's MLP is SwiGLU)"),
     )
-    return [message for failed, message in checks if failed]
+    problems = [message for failed, message in checks if failed]
+    if shape.num_experts:
+        moe_checks = (
+            (not all(shape.moe_layers), "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
+            (shape.qkv_bias, "--add-qkv-bias (Mixtral's attention has no biases)"),
+            (shape.moe_router_score_function != "softmax",
+             f"--moe-router-score-function {shape.moe_router_score_function} (Mixtral's router is a softmax)"),
+            (shape.moe_router_pre_softmax and shape.moe_router_topk > 1,
+             "--moe-router-pre-softmax (Mixtral renormalises the top-k weights)"),
+        )
+        problems += [message for failed, message in moe_checks if failed]
+    return problems
 
 
 def qkv_to_llama(qkv: torch.Tensor, shape: GPTShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,19 +92,46 @@ def fc1_from_llama(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.cat([gate, up], dim=0)
 
 
+def _expert(megatron: str, expert: int, linear: str) -> str:
+    return f"{megatron}mlp.experts.local_experts.{expert}.{linear}.weight"
+
+
+def moe_to_mixtral(state: dict, megatron: str, hf: str, shape: GPTShape) -> dict:
+    """One MoE layer's router and experts (Megatron prefix `decoder.layers.N.`) as Mixtral's block_sparse_moe."""
+    out = {f"{hf}block_sparse_moe.gate.weight": state[f"{megatron}mlp.router.weight"]}
+    for expert in range(shape.num_experts):
+        gate, up = fc1_to_llama(state[_expert(megatron, expert, "linear_fc1")])
+        names = (f"{hf}block_sparse_moe.experts.{expert}.{name}.weight" for name in ("w1", "w3", "w2"))
+        out.update(zip(names, (gate, up, state[_expert(megatron, expert, "linear_fc2")])))
+    return out
+
+
+def moe_from_mixtral(hf_state: dict, megatron: str, hf: str, shape: GPTShape) -> dict:
+    """Inverse of `moe_to_mixtral`."""
+    out = {f"{megatron}mlp.router.weight": hf_state[f"{hf}block_sparse_moe.gate.weight"]}
+    for expert in range(shape.num_experts):
+        w1, w3, w2 = (hf_state[f"{hf}block_sparse_moe.experts.{expert}.{name}.weight"] for name in ("w1", "w3", "w2"))
+        out[_expert(megatron, expert, "linear_fc1")] = fc1_from_llama(w1, w3)
+        out[_expert(megatron, expert, "linear_fc2")] = w2
+    return out
+
+
 def _layer_to_llama(state: dict, i: int, shape: GPTShape) -> dict:
     megatron, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
     out = {
         f"{hf}input_layernorm.weight": state[f"{megatron}input_layernorm.weight"],
         f"{hf}post_attention_layernorm.weight": state[f"{megatron}pre_mlp_layernorm.weight"],
         f"{hf}self_attn.o_proj.weight": state[f"{megatron}self_attention.linear_proj.weight"],
-        f"{hf}mlp.down_proj.weight": state[f"{megatron}mlp.linear_fc2.weight"],
     }
     q, k, v = qkv_to_llama(state[f"{megatron}self_attention.linear_qkv.weight"], shape)
     out.update({f"{hf}self_attn.q_proj.weight": q, f"{hf}self_attn.k_proj.weight": k,
                 f"{hf}self_attn.v_proj.weight": v})
-    gate, up = fc1_to_llama(state[f"{megatron}mlp.linear_fc1.weight"])
-    out.update({f"{hf}mlp.gate_proj.weight": gate, f"{hf}mlp.up_proj.weight": up})
+    if shape.num_experts:
+        out.update(moe_to_mixtral(state, megatron, hf, shape))
+    else:
+        gate, up = fc1_to_llama(state[f"{megatron}mlp.linear_fc1.weight"])
+        out.update({f"{hf}mlp.gate_proj.weight": gate, f"{hf}mlp.up_proj.weight": up,
+                    f"{hf}mlp.down_proj.weight": state[f"{megatron}mlp.linear_fc2.weight"]})
     if shape.qkv_bias:
         q, k, v = qkv_to_llama(state[f"{megatron}self_attention.linear_qkv.bias"], shape)
         out.update({f"{hf}self_attn.q_proj.bias": q, f"{hf}self_attn.k_proj.bias": k, f"{hf}self_attn.v_proj.bias": v})
@@ -100,8 +146,9 @@ def _layer_to_llama(state: dict, i: int, shape: GPTShape) -> dict:
 
 
 def megatron_to_llama(state: dict, shape: GPTShape) -> dict:
-    """LlamaForCausalLM / Qwen2ForCausalLM state dict from a full (TP=1, PP=1) GPTModel state dict; vocab rows
-    trimmed to the tokenizer's. With tied embeddings `lm_head.weight` is left out (HF ties it)."""
+    """LlamaForCausalLM / Qwen2ForCausalLM / MixtralForCausalLM state dict from a full (TP=1, PP=1) GPTModel
+    state dict; vocab rows trimmed to the tokenizer's. With tied embeddings `lm_head.weight` is left out (HF
+    ties it)."""
     if shape.vocab_size is None:
         raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
                          "tokenizer files the checkpoint's arguments name")
@@ -125,10 +172,13 @@ def _layer_from_llama(hf_state: dict, i: int, shape: GPTShape) -> dict:
         f"{megatron}pre_mlp_layernorm.weight": hf_state[f"{hf}post_attention_layernorm.weight"],
         f"{megatron}self_attention.linear_qkv.weight": qkv_from_llama(*attention, shape),
         f"{megatron}self_attention.linear_proj.weight": hf_state[f"{hf}self_attn.o_proj.weight"],
-        f"{megatron}mlp.linear_fc1.weight": fc1_from_llama(hf_state[f"{hf}mlp.gate_proj.weight"],
-                                                            hf_state[f"{hf}mlp.up_proj.weight"]),
-        f"{megatron}mlp.linear_fc2.weight": hf_state[f"{hf}mlp.down_proj.weight"],
     }
+    if shape.num_experts:
+        out.update(moe_from_mixtral(hf_state, megatron, hf, shape))
+    else:
+        out[f"{megatron}mlp.linear_fc1.weight"] = fc1_from_llama(hf_state[f"{hf}mlp.gate_proj.weight"],
+                                                                 hf_state[f"{hf}mlp.up_proj.weight"])
+        out[f"{megatron}mlp.linear_fc2.weight"] = hf_state[f"{hf}mlp.down_proj.weight"]
     if shape.qkv_bias:
         biases = [hf_state[f"{hf}self_attn.{name}_proj.bias"] for name in ("q", "k", "v")]
         out[f"{megatron}self_attention.linear_qkv.bias"] = qkv_from_llama(*biases, shape)
@@ -156,9 +206,10 @@ def llama_to_megatron(hf_state: dict, shape: GPTShape) -> dict:
 def llama_config(shape: GPTShape, bos_token_id: int | None, eos_token_id: int | None) -> dict:
     """config.json of the Llama-family model computing the same function as `shape`."""
     qwen2 = shape.add_qkv_bias and not shape.add_bias_linear
+    model_type = "mixtral" if shape.num_experts else "qwen2" if qwen2 else "llama"
     config = {
-        "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen2 else "llama",
+        "architectures": [_ARCHITECTURES[model_type]],
+        "model_type": model_type,
         "vocab_size": shape.vocab_size,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.ffn_hidden_size,
@@ -178,7 +229,11 @@ def llama_config(shape: GPTShape, bos_token_id: int | None, eos_token_id: int | 
         "eos_token_id": eos_token_id,
         "torch_dtype": str(shape.params_dtype).removeprefix("torch."),
     }
-    if qwen2:
+    if shape.num_experts:
+        config.update(intermediate_size=shape.moe_ffn_hidden_size, num_local_experts=shape.num_experts,
+                      num_experts_per_tok=shape.moe_router_topk, sliding_window=None, router_jitter_noise=0.0,
+                      output_router_logits=False)
+    elif qwen2:
         config.update(use_sliding_window=False, sliding_window=None)
     else:
         config.update(attention_bias=shape.add_bias_linear, mlp_bias=shape.add_bias_linear)
@@ -214,7 +269,11 @@ def args_from_llama_config(config: dict) -> dict:
                          "every linear (--add-bias-linear) or on none")
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     groups = config.get("num_key_value_heads") or heads
-    return dict(
+    experts = {}
+    if model_type == "mixtral":
+        experts = dict(num_experts=config["num_local_experts"], moe_router_topk=config["num_experts_per_tok"],
+                       moe_ffn_hidden_size=config["intermediate_size"], moe_layer_freq=1)
+    return dict(**experts,
         num_layers=config["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
         kv_channels=config.get("head_dim") or hidden // heads, ffn_hidden_size=config["intermediate_size"],
         group_query_attention=groups != heads, num_query_groups=groups, swiglu=True,

@@ -7,6 +7,8 @@ model as messages, then "done" ("exit" if it failed):
     {"name": "transformer layer N", "input norm weight/bias", "qkv weight/bias", "dense weight/bias",
      "post norm weight/bias", "mlp l0 weight" (SwiGLU: "mlp l0 weight W" = gate, "mlp l0 weight V" = up),
      "mlp l0 bias" (SwiGLU: "... bias W/V"), "mlp l1 weight/bias"}     (biases only where the model has them)
+     MoE layers instead of the MLP: "router weight" [E, h], and the experts stacked in expert order,
+     "mlp l0 weight" [E, f, h] (SwiGLU: "mlp l0 weight W"/"V") and "mlp l1 weight" [E, h, f]
     {"name": "final norm", "weight", "bias" (LayerNorm only)}
     {"name": "output layer", "weight"}                                  (untied models only)
 
@@ -37,6 +39,7 @@ _LAYER_KEYS = {
     "mlp l1 bias": "mlp.linear_fc2.bias",
 }
 _FC1_KEYS = ("mlp l0 weight", "mlp l0 bias")
+_ROUTER = "mlp.router.weight"
 
 
 def metadata_from_args(args: argparse.Namespace, shape: GPTShape, iteration: int, release: bool) -> argparse.Namespace:
@@ -49,25 +52,61 @@ def metadata_from_args(args: argparse.Namespace, shape: GPTShape, iteration: int
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         consumed_train_samples=getattr(args, "consumed_train_samples", 0),
         consumed_valid_samples=getattr(args, "consumed_valid_samples", 0),
-        swiglu=shape.swiglu, linear_bias=shape.add_bias_linear, qkv_bias=shape.qkv_bias,
+        swiglu=shape.swiglu, linear_bias=shape.add_bias_linear, qkv_bias=shape.qkv_bias, num_experts=shape.num_experts,
         norm_has_bias=shape.norm_has_bias, position_embedding_type=shape.position_embedding_type,
         output_layer=not shape.tied_embeddings,
         previous_tensor_parallel_size=getattr(args, "tensor_model_parallel_size", 1),
         previous_pipeline_parallel_size=getattr(args, "pipeline_model_parallel_size", 1),
+        previous_expert_parallel_size=getattr(args, "expert_model_parallel_size", 1),
         checkpoint_args=args, shape=shape,
     )
 
 
-def _layer_message(state: dict, i: int, swiglu: bool) -> dict:
+def _expert_key(prefix: str, expert: int, linear: str) -> str:
+    return f"{prefix}mlp.experts.local_experts.{expert}.{linear}.weight"
+
+
+def _moe_message(state: dict, prefix: str, shape: GPTShape) -> dict:
+    """The router and the experts of one MoE layer, stacked in expert order."""
+    fc1 = [state[_expert_key(prefix, expert, "linear_fc1")] for expert in range(shape.num_experts)]
+    message = {"router weight": state[prefix + _ROUTER],
+               "mlp l1 weight": torch.stack([state[_expert_key(prefix, expert, "linear_fc2")]
+                                             for expert in range(shape.num_experts)])}
+    if shape.swiglu:
+        message["mlp l0 weight W"] = torch.stack([torch.chunk(weight, 2, dim=0)[0] for weight in fc1])
+        message["mlp l0 weight V"] = torch.stack([torch.chunk(weight, 2, dim=0)[1] for weight in fc1])
+    else:
+        message["mlp l0 weight"] = torch.stack(fc1)
+    return message
+
+
+def _moe_state(message: dict, prefix: str, shape: GPTShape, checking: bool) -> dict:
+    """Inverse of `_moe_message`."""
+    state = {prefix + _ROUTER: _take(message, "router weight", checking)}
+    if shape.swiglu:
+        fc1 = torch.cat([_take(message, "mlp l0 weight W", checking), _take(message, "mlp l0 weight V", checking)],
+                        dim=1)
+    else:
+        fc1 = _take(message, "mlp l0 weight", checking)
+    fc2 = _take(message, "mlp l1 weight", checking)
+    for expert in range(shape.num_experts):
+        state[_expert_key(prefix, expert, "linear_fc1")] = fc1[expert]
+        state[_expert_key(prefix, expert, "linear_fc2")] = fc2[expert]
+    return state
+
+
+def _layer_message(state: dict, i: int, shape: GPTShape) -> dict:
     prefix = f"decoder.layers.{i}."
     message = {"name": f"transformer layer {i}"}
     for key, suffix in _LAYER_KEYS.items():
         if prefix + suffix not in state:
             continue
-        if swiglu and key in _FC1_KEYS:
+        if shape.swiglu and key in _FC1_KEYS:
             message[f"{key} W"], message[f"{key} V"] = torch.chunk(state[prefix + suffix], 2, dim=0)
         else:
             message[key] = state[prefix + suffix]
+    if shape.moe_layers and shape.moe_layers[i]:
+        message.update(_moe_message(state, prefix, shape))
     return message
 
 
@@ -78,7 +117,7 @@ def state_to_messages(state: dict, shape: GPTShape):
         embeddings["position embeddings"] = state["embedding.position_embeddings.weight"]
     yield embeddings
     for i in range(shape.num_layers):
-        yield _layer_message(state, i, shape.swiglu)
+        yield _layer_message(state, i, shape)
     final_norm = {"name": "final norm", "weight": state["decoder.final_layernorm.weight"]}
     if "decoder.final_layernorm.bias" in state:
         final_norm["bias"] = state["decoder.final_layernorm.bias"]
@@ -112,6 +151,8 @@ def messages_to_state(get, md: argparse.Namespace, checking: bool = True) -> dic
     for i in range(shape.num_layers):
         message = _expect(get(), f"transformer layer {i}", checking)
         prefix = f"decoder.layers.{i}."
+        if shape.moe_layers and shape.moe_layers[i]:
+            state.update(_moe_state(message, prefix, shape, checking))
         for key, suffix in _LAYER_KEYS.items():
             if shape.swiglu and key in _FC1_KEYS and f"{key} W" in message:
                 state[prefix + suffix] = torch.cat([message.pop(f"{key} W"), message.pop(f"{key} V")], dim=0)

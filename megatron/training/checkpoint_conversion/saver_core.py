@@ -1,5 +1,5 @@
 """convert.py saver `core`: writes a torch-format checkpoint for --target-tensor-parallel-size x
---target-pipeline-parallel-size (Megatron's `saver_core`).
+--target-pipeline-parallel-size x --target-expert-parallel-size (Megatron's `saver_core`).
 
 Vocabulary rows are padded (repeating the last row) or trimmed to the padded size of the target TP,
 vocab_size_with_padding(true vocab, make_vocab_size_divisible_by, TP); without a known true vocabulary
@@ -7,6 +7,7 @@ size they are kept and must divide by the target TP. Optimizer, scheduler and RN
 written: resume with --no-load-optim --no-load-rng, or --finetune.
 """
 
+from megatron.training.checkpoint_conversion.expert_sharding import check_expert_parallel_size
 from megatron.training.checkpoint_conversion.messages import messages_to_state
 from megatron.training.checkpoint_conversion.pipeline_stages import check_pipeline_parallel_size
 from megatron.training.checkpoint_conversion.tensor_parallel_sharding import check_tensor_parallel_size
@@ -23,8 +24,8 @@ def add_arguments(parser) -> None:
                        help="TP size of the written checkpoint (default: the source's)")
     group.add_argument("--target-pipeline-parallel-size", type=int, default=None,
                        help="PP size of the written checkpoint (default: the source's)")
-    group.add_argument("--target-expert-parallel-size", type=int, default=1, choices=[1],
-                       help="EP size (only 1: mixture-of-experts conversion is not supported yet)")
+    group.add_argument("--target-expert-parallel-size", type=int, default=None,
+                       help="EP size of the written checkpoint, a divisor of the experts (default: the source's)")
     group.add_argument("--saver-transformer-impl", default="local", choices=["local"],
                        help="parameter names to write (Transformer Engine names are not supported yet)")
 
@@ -45,13 +46,17 @@ def save_checkpoint(queue, args) -> None:
         raise RuntimeError("the loader failed before sending metadata")
     tp = args.target_tensor_parallel_size or metadata.previous_tensor_parallel_size
     pp = args.target_pipeline_parallel_size or metadata.previous_pipeline_parallel_size
+    ep = args.target_expert_parallel_size or metadata.previous_expert_parallel_size
     check_tensor_parallel_size(metadata.shape, tp)  # before the weights arrive: fail fast
     check_pipeline_parallel_size(metadata.num_layers, pp)
+    check_expert_parallel_size(metadata.num_experts, ep)
     state = messages_to_state(queue.get, metadata, args.checking)
     rows = padded_rows(state[_VOCAB_TENSORS[0]].shape[0], metadata.true_vocab_size,
                        metadata.make_vocab_size_divisible_by, tp)
     for name in _VOCAB_TENSORS:
         if name in state:
             state[name] = resize_vocab_rows(state[name], rows)
-    write_torch_checkpoint(args.save_dir, state, metadata.checkpoint_args, metadata.iteration, tp, pp, metadata.release)
-    print(f" saved a TP={tp}, PP={pp} torch-format checkpoint ({rows} vocabulary rows) to {args.save_dir}", flush=True)
+    write_torch_checkpoint(args.save_dir, state, metadata.checkpoint_args, metadata.iteration, tp, pp, metadata.release,
+                           ep)
+    print(f" saved a TP={tp}, PP={pp}, EP={ep} torch-format checkpoint ({rows} vocabulary rows) to {args.save_dir}",
+          flush=True)

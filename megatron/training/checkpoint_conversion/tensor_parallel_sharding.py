@@ -4,7 +4,8 @@
                              linear_fc1 (SwiGLU: rank i holds [gate_i; up_i], see split_swiglu_fc1),
                              embedding.word_embeddings, output_layer (vocab rows)
     row-parallel, dim 1:     linear_proj.weight, linear_fc2.weight
-    replicated:              norms, linear_proj/linear_fc2 biases, position embeddings
+    replicated:              norms, linear_proj/linear_fc2 biases, position embeddings, MoE routers
+    Each routed expert's linear_fc1 / linear_fc2 splits as the dense ones do (expert-TP = TP).
 
 Merging concatenates in the same order; replicated tensors are taken from rank 0, as Megatron's loaders do.
 """
@@ -17,8 +18,9 @@ _COLUMN_PARALLEL = (
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
     "embedding.word_embeddings.weight", "output_layer.weight",
 )
-_ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
-_FC1 = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
+# Suffixes of the dense MLP's and of each expert's (`mlp.experts.local_experts.E.linear_fc1.weight`) linears.
+_ROW_PARALLEL = ("self_attention.linear_proj.weight", "linear_fc2.weight")
+_FC1 = ("linear_fc1.weight", "mlp.linear_fc1.bias")
 
 
 def check_tensor_parallel_size(shape: GPTShape, tp: int) -> None:
@@ -28,7 +30,7 @@ def check_tensor_parallel_size(shape: GPTShape, tp: int) -> None:
         ("attention heads", shape.num_attention_heads),
         ("query groups", shape.num_query_groups),
         ("ffn_hidden_size", shape.ffn_hidden_size),
-    )
+    ) + ((("moe_ffn_hidden_size", shape.moe_ffn_hidden_size),) if shape.num_experts else ())
     for what, size in dimensions:
         if size % tp:
             legal = [d for d in range(1, size + 1) if size % d == 0]

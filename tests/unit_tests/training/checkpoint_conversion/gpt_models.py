@@ -4,7 +4,7 @@ checkpoints of them, for the conversion tests."""
 import torch
 
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.training.arguments import core_transformer_config_from_args, parse_args, validate_args
 from megatron.training.checkpoint_conversion.torch_checkpoint import write_torch_checkpoint
 
@@ -16,7 +16,9 @@ GPT2_FLAGS = ["--ffn-hidden-size", "128"]
 LLAMA_FLAGS = ["--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "96", "--swiglu",
                "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
                "--untie-embeddings-and-output-weights", "--rotary-base", "500000"]
-SHAPES = {"gpt2": GPT2_FLAGS, "llama": LLAMA_FLAGS}
+# Mixtral-shaped: Llama's attention, 4 SwiGLU experts of width 96 in every layer, top-2 routing.
+MIXTRAL_FLAGS = LLAMA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2"]
+SHAPES = {"gpt2": GPT2_FLAGS, "llama": LLAMA_FLAGS, "mixtral": MIXTRAL_FLAGS}
 
 
 def model_args(name: str, *flags):
@@ -26,9 +28,15 @@ def model_args(name: str, *flags):
 
 
 def gpt_model(args, **kwargs) -> GPTModel:
-    """The GPTModel of `args` as pretrain_gpt.py's model_provider builds it, for this process's TP rank."""
+    """The GPTModel of `args` as pretrain_gpt.py's model_provider builds it, for this process's TP (and EP)
+    rank; MoE models need torch.distributed and the parallel state (the `single_rank` fixture)."""
+    config = core_transformer_config_from_args(args)
+    if args.num_experts:
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(normalization=args.normalization)
     return GPTModel(
-        core_transformer_config_from_args(args), get_gpt_layer_local_spec(normalization=args.normalization),
+        config, spec,
         vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type, rotary_base=args.rotary_base, **kwargs,

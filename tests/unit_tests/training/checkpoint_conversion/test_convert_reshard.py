@@ -1,6 +1,7 @@
-"""tools/checkpoint/convert.py core -> core: TP/PP resharding round trips (bitwise), the shards against
-the split rules of reference 8.3/8.4 worked by hand, a TP=2 model loaded from converted shards against
-the TP=1 logits on 2 gloo ranks, vocabulary re-padding, and the errors."""
+"""tools/checkpoint/convert.py core -> core: TP/PP (and EP for mixture-of-experts) resharding round trips
+(bitwise), the shards against the split rules of reference 8.3/8.4 worked by hand, TP=2 and EP=2 models
+loaded from converted shards against the TP=1 logits on 2 gloo ranks, vocabulary re-padding, and the
+errors."""
 
 import os
 
@@ -13,6 +14,7 @@ from megatron.training.checkpoint.files import load_checkpoint_file
 from megatron.training.checkpoint_conversion.convert import main as convert
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
 from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
 from tests.unit_tests.training.checkpoint_conversion.gpt_models import (
     PADDED_VOCAB,
     TRUE_VOCAB,
@@ -33,18 +35,22 @@ def _shard(directory, name):
     return load_checkpoint_file(os.path.join(directory, "iter_0000007", name, "model_optim_rng.pt"))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_tp_and_pp_reshards_round_trip_bitwise(tmp_path, name):
+@pytest.mark.parametrize("name, ranks", [
+    ("gpt2", ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]),
+    ("llama", ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]),
+    ("mixtral", [f"mp_rank_0{t}_00{p}_00{e}" for t in range(2) for p in range(2) for e in range(2)]),
+])
+def test_tp_pp_and_ep_reshards_round_trip_bitwise(tmp_path, single_rank, name, ranks):
     args = model_args(name)
     model = build_model(args)
     save_model(model, args, str(tmp_path / "tp1"))
     original = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
+    expert_parallel = ["--target-expert-parallel-size", 2] if name == "mixtral" else []
     _convert(tmp_path / "tp1", tmp_path / "tp2pp2", "--target-tensor-parallel-size", 2,
-             "--target-pipeline-parallel-size", 2)
-    assert sorted(os.listdir(tmp_path / "tp2pp2" / "iter_0000007")) == [
-        "mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+             "--target-pipeline-parallel-size", 2, *expert_parallel)
+    assert sorted(os.listdir(tmp_path / "tp2pp2" / "iter_0000007")) == ranks
     _convert(tmp_path / "tp2pp2", tmp_path / "back", "--target-tensor-parallel-size", 1,
-             "--target-pipeline-parallel-size", 1)
+             "--target-pipeline-parallel-size", 1, *(["--target-expert-parallel-size", 1] if expert_parallel else []))
     back, back_args, iteration, _ = read_torch_checkpoint(str(tmp_path / "back"))
     assert iteration == 7 and (back_args.tensor_model_parallel_size, back_args.pipeline_model_parallel_size) == (1, 1)
     assert back.keys() == original.keys()
@@ -77,6 +83,42 @@ def test_shards_follow_the_split_rules(tmp_path):
     assert torch.equal(shard["output_layer.weight"], full["output_layer.weight"][64:])
 
 
+def test_experts_follow_the_split_rules(tmp_path, single_rank):
+    args = model_args("mixtral")  # 4 experts of width 96 per layer, 4 layers
+    save_model(build_model(args), args, str(tmp_path / "tp1"))
+    full = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
+    _convert(tmp_path / "tp1", tmp_path / "tp2ep2", "--target-tensor-parallel-size", 2,
+             "--target-expert-parallel-size", 2)
+    shard = _shard(tmp_path / "tp2ep2", "mp_rank_01_001")  # TP rank 1 of expert-parallel rank 1
+    assert (shard["args"].expert_model_parallel_size, shard["args"].expert_tensor_parallel_size) == (2, 2)
+    model = shard["model"]
+    # EP rank 1 holds global experts 2, 3 as local 0, 1; the dense tensors and the router are in every file.
+    experts = sorted({key.split(".")[6] for key in model if ".local_experts." in key})
+    assert experts == ["0", "1"]
+    assert torch.equal(model["decoder.layers.2.mlp.router.weight"], full["decoder.layers.2.mlp.router.weight"])
+    # Expert 3's SwiGLU fc1 = [gate (96 rows); up (96 rows)]; TP rank 1 holds [gate[48:96]; up[48:96]].
+    fc1 = full["decoder.layers.2.mlp.experts.local_experts.3.linear_fc1.weight"]
+    assert torch.equal(model["decoder.layers.2.mlp.experts.local_experts.1.linear_fc1.weight"],
+                       torch.cat([fc1[48:96], fc1[144:192]]))
+    fc2 = full["decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight"]
+    assert torch.equal(model["decoder.layers.2.mlp.experts.local_experts.1.linear_fc2.weight"], fc2[:, 48:])
+
+
+def test_grouped_gemm_checkpoints_keep_their_key_spelling(tmp_path, single_rank):
+    args = model_args("mixtral", "--moe-grouped-gemm")
+    model = build_model(args)
+    save_model(model, args, str(tmp_path / "ep1"))
+    _convert(tmp_path / "ep1", tmp_path / "ep2", "--target-expert-parallel-size", 2)
+    shard = _shard(tmp_path / "ep2", "mp_rank_00_001")["model"]
+    # EP rank 1 holds experts 2, 3 as GroupedMLP's weight0, weight1.
+    assert torch.equal(shard["decoder.layers.0.mlp.experts.linear_fc2.weight1"],
+                       model.state_dict()["decoder.layers.0.mlp.experts.linear_fc2.weight3"])
+    _convert(tmp_path / "ep2", tmp_path / "back", "--target-expert-parallel-size", 1)
+    back = _shard(tmp_path / "back", "mp_rank_00")["model"]
+    assert {key for key in model.state_dict() if not key.endswith("_extra_state")} == set(back)
+    assert all(torch.equal(back[key], model.state_dict()[key]) for key in back)
+
+
 def test_tied_embeddings_are_on_the_last_stage_when_pipelined(tmp_path):
     args = model_args("gpt2")
     save_model(build_model(args), args, str(tmp_path / "tp1"))
@@ -104,32 +146,39 @@ def test_vocabulary_is_repadded_for_the_target_tp(tmp_path):
     assert torch.equal(read_torch_checkpoint(str(tmp_path / "tp1_again"))[0]["embedding.word_embeddings.weight"], full)
 
 
-def _tp2_logits(rank, world_size, checkpoint_dirs, tokens):
-    """{checkpoint dir: full logits} of TP=2 models loaded from each directory's shard of this rank."""
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    model_parallel_cuda_manual_seed(1)  # the weights come from the checkpoint; this only sets up the RNG streams
+def _converted_logits(rank, world_size, checkpoints, tokens):
+    """{checkpoint dir: full logits} of the models loaded from this rank's file of each (dir, TP, EP) layout."""
     results = {}
-    for checkpoint_dir in checkpoint_dirs:
-        checkpoint = _shard(checkpoint_dir, f"mp_rank_{rank:02d}")
+    for checkpoint_dir, tensor_parallel, expert_parallel in checkpoints:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
+                                                 expert_model_parallel_size=expert_parallel)
+        model_parallel_cuda_manual_seed(1)  # the weights come from the checkpoint; this only sets up the RNG streams
+        name = f"mp_rank_00_{rank:03d}" if expert_parallel > 1 else f"mp_rank_{rank:02d}"
+        checkpoint = _shard(checkpoint_dir, name)
         model = gpt_model(checkpoint["args"], parallel_output=False).eval()
         model.load_state_dict(checkpoint["model"], strict=True)
         results[checkpoint_dir] = logits(model, tokens)
+        parallel_state.destroy_model_parallel()
     return results
 
 
-def test_tp2_model_from_converted_shards_computes_the_tp1_logits(tmp_path):
+def test_tp2_and_ep2_models_from_converted_shards_compute_the_tp1_logits(tmp_path, single_rank):
     tokens = torch.randint(0, TRUE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
-    expected = {}
-    for name in ("gpt2", "llama"):
+    layouts = {"gpt2": [(2, 1)], "llama": [(2, 1)], "mixtral": [(2, 1), (1, 2)]}  # (TP, EP)
+    expected, checkpoints = {}, []
+    for name, targets in layouts.items():
         args = model_args(name)
         model = build_model(args)
-        expected[name] = logits(model, tokens)
         save_model(model, args, str(tmp_path / name / "tp1"))
-        _convert(tmp_path / name / "tp1", tmp_path / name / "tp2", "--target-tensor-parallel-size", 2)
-    directories = {name: str(tmp_path / name / "tp2") for name in expected}
-    for result in run_distributed(_tp2_logits, 2, list(directories.values()), tokens):  # one spawn for both
-        for name, directory in directories.items():
-            torch.testing.assert_close(result[directory], expected[name], atol=1e-5, rtol=0)
+        for tensor_parallel, expert_parallel in targets:
+            directory = str(tmp_path / name / f"tp{tensor_parallel}ep{expert_parallel}")
+            _convert(tmp_path / name / "tp1", directory, "--target-tensor-parallel-size", tensor_parallel,
+                     *(["--target-expert-parallel-size", expert_parallel] if args.num_experts else []))
+            expected[directory] = logits(model, tokens)
+            checkpoints.append((directory, tensor_parallel, expert_parallel))
+    for result in run_distributed(_converted_logits, 2, checkpoints, tokens):  # one spawn for all
+        for directory, reference in expected.items():
+            torch.testing.assert_close(result[directory], reference, atol=1e-5, rtol=0, msg=directory)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -138,6 +187,7 @@ def test_tp2_model_from_converted_shards_computes_the_tp1_logits(tmp_path):
     (["--target-pipeline-parallel-size", "3"], "must divide the 4 layers"),
     (["--true-vocab-size", "200"], "the tokenizer has 200 ids but the model only 128 vocabulary rows"),
     (["--model-type", "BERT"], "--model-type BERT: convert.py converts GPT checkpoints"),
+    (["--target-expert-parallel-size", "2"], "--target-expert-parallel-size 2: the model has no experts"),
 ])
 def test_clear_errors(tmp_path, flags, message):
     args = model_args("gpt2")

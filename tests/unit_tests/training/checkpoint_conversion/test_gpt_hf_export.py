@@ -1,13 +1,18 @@
 """Export to Hugging Face with tools/checkpoint/convert.py, load with `transformers` from_pretrained, and import
-back: GPT-2-shaped (LayerNorm, learned positions, MHA, biases, tied) and Llama-shaped (GQA, RoPE, SwiGLU,
-RMSNorm, untied, no biases) models.
+back: GPT-2-shaped (LayerNorm, learned positions, MHA, biases, tied), Llama-shaped (GQA, RoPE, SwiGLU,
+RMSNorm, untied, no biases), Qwen2-shaped (Llama with q/k/v biases) and Mixtral-shaped (Llama's attention,
+4 SwiGLU experts in every layer, top-2 routing) models; a Mistral model made by `transformers` imports.
+The export runs on a CPU without importing model code.
 
 Tolerance: fp32 logits within atol 1e-4 of ours (the models differ only in summation order; observed
-~1e-6 at |logits| ~ 10); a wrong GELU variant or a mis-ordered QKV moves them by > 1e-2.
+~1e-6 at |logits| ~ 10, Mixtral ~5e-6 at |logits| ~ 7); a wrong GELU variant, a mis-ordered QKV or
+swapped expert w1/w3 moves them by > 1e-2.
 """
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,10 +20,12 @@ import torch
 from megatron.core.inference.generation import generate_tokens
 from megatron.training.checkpoint_conversion.convert import main as convert
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
+from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
 from tests.unit_tests.training.checkpoint_conversion.gpt_models import (
     PADDED_VOCAB,
     TRUE_VOCAB,
     build_model,
+    gpt_model,
     logits,
     model_args,
     save_model,
@@ -28,6 +35,9 @@ transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 NEW_TOKENS = 8
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+# MoE layers build their expert-parallel groups: the Mixtral-shaped tests run on one initialised rank.
+pytestmark = pytest.mark.usefixtures("single_rank")
 
 
 def _export(tmp_path, name, *flags):
@@ -45,6 +55,7 @@ def _export(tmp_path, name, *flags):
     ("gpt2", [], "GPT2LMHeadModel"),  # fused bias-GELU = the tanh approximation = HF gelu_new
     ("llama", [], "LlamaForCausalLM"),
     ("llama", ["--add-qkv-bias"], "Qwen2ForCausalLM"),
+    ("mixtral", [], "MixtralForCausalLM"),
 ])
 def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, flags, architecture):
     model, hf = _export(tmp_path, name, *flags)
@@ -66,9 +77,9 @@ def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, 
     assert generate_tokens(model, [prompt], NEW_TOKENS, vocab_size=TRUE_VOCAB) == [expected]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_import_back_gives_bitwise_identical_weights(tmp_path, name):
-    model, _ = _export(tmp_path, name)
+@pytest.mark.parametrize("name, flags", [("gpt2", []), ("llama", []), ("llama", ["--add-qkv-bias"]), ("mixtral", [])])
+def test_import_back_gives_bitwise_identical_weights(tmp_path, name, flags):
+    model, _ = _export(tmp_path, name, *flags)
     convert(["--model-type", "GPT", "--loader", "hf", "--saver", "core", "--load-dir", str(tmp_path / "hf"),
              "--save-dir", str(tmp_path / "back")])
     state, args, iteration, release = read_torch_checkpoint(str(tmp_path / "back"))
@@ -131,3 +142,80 @@ def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_pa
     assert theirs(text)["input_ids"] == ours.tokenize(text)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     assert hf.transformer.wte.weight.shape[0] == ours.vocab_size
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--moe-layer-freq", "2"], "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
+    (["--moe-router-pre-softmax"], "--moe-router-pre-softmax (Mixtral renormalises the top-k weights)"),
+    (["--moe-shared-expert-intermediate-size", "64"], "--moe-shared-expert-intermediate-size is not supported yet"),
+])
+def test_moe_models_mixtral_cannot_express_are_refused_by_name(tmp_path, flags, message):
+    args = model_args("mixtral", *flags)
+    save_model(build_model(args), args, str(tmp_path / "megatron"))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        convert(["--model-type", "GPT", "--loader", "core", "--saver", "hf", "--load-dir", str(tmp_path / "megatron"),
+                 "--save-dir", str(tmp_path / "hf"), "--true-vocab-size", str(TRUE_VOCAB)])
+    assert not os.path.exists(tmp_path / "hf" / "config.json")
+
+
+def _mistral(directory) -> "transformers.MistralForCausalLM":
+    """A Mistral model made and saved by `transformers` (GQA, untied; sliding_window None: full attention)."""
+    torch.manual_seed(5)
+    config = transformers.MistralConfig(
+        vocab_size=TRUE_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
+        tie_word_embeddings=False, initializer_range=0.1,
+    )
+    model = transformers.MistralForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def test_mistral_from_transformers_imports_and_exports_back_bitwise(tmp_path):
+    mistral = _mistral(tmp_path / "mistral")
+    convert(["--model-type", "GPT", "--loader", "hf", "--saver", "core", "--load-dir", str(tmp_path / "mistral"),
+             "--save-dir", str(tmp_path / "megatron")])
+    state, args, _, _ = read_torch_checkpoint(str(tmp_path / "megatron"))
+    # 100 ids padded to a multiple of --make-vocab-size-divisible-by 128
+    assert (args.num_query_groups, args.rotary_base, args.padded_vocab_size) == (2, 1e6, 128)
+    model = gpt_model(args).eval()
+    model.load_state_dict(state, strict=False)  # strict but for the _extra_state entries
+    assert set(state) == {key for key in model.state_dict() if not key.endswith("_extra_state")}
+    tokens = torch.randint(0, TRUE_VOCAB, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = mistral(tokens).logits
+    torch.testing.assert_close(logits(model, tokens)[..., :TRUE_VOCAB], theirs, atol=ATOL, rtol=0)
+
+    convert(["--model-type", "GPT", "--loader", "core", "--saver", "hf", "--load-dir", str(tmp_path / "megatron"),
+             "--save-dir", str(tmp_path / "back"), "--true-vocab-size", str(TRUE_VOCAB)])
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"))
+    original = mistral.state_dict()
+    assert back.state_dict().keys() == original.keys()
+    for key, tensor in back.state_dict().items():
+        assert torch.equal(tensor, original[key]), key
+
+
+def test_export_needs_no_gpu_and_imports_no_model_code(tmp_path):
+    args = model_args("llama")
+    save_model(build_model(args), args, str(tmp_path / "megatron"))
+    argv = ["convert.py", "--model-type", "GPT", "--loader", "core", "--saver", "hf", "--load-dir",
+            str(tmp_path / "megatron"), "--save-dir", str(tmp_path / "hf"), "--true-vocab-size", str(TRUE_VOCAB)]
+    script = (
+        "import json, runpy, sys, torch\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n"
+        f"    runpy.run_path({os.path.join(ROOT, 'tools', 'checkpoint', 'convert.py')!r}, run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert not exit.code, exit.code\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'cuda': torch.cuda.is_initialized()}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    model_code = ("megatron.core.models", "megatron.core.transformer", "megatron.core.tensor_parallel",
+                  "megatron.core.optimizer", "megatron.core.distributed", "megatron.core.fusions",
+                  "megatron.core.inference", "transformers", "triton", "transformer_engine", "apex")
+    assert [name for name in report["modules"] if name.startswith(model_code)] == []
+    assert not report["cuda"]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
