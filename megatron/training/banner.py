@@ -1,7 +1,8 @@
 """The start-up banner (rank 0): what this run is about to do, in one place, before the first iteration.
 
     layout       world size = TP x PP x CP x DP (EP), and for every rank its host, coordinates and parameters
-    model        parameters in total; tokens per iteration; FLOPs per iteration
+    model        parameters in total (of the built model: every rank counts its share once); tokens and
+                 FLOPs per iteration
     kernels      transformer implementation; the kernels of attention (flash-attn, or SDPA and its enabled
                  kernels), norms (apex or torch) and the optimizer step; Transformer Engine; fusions; and with
                  --fp8-format the FP8 recipe and which layers run in FP8
@@ -36,8 +37,26 @@ _PREFIXES = ("NCCL_", "TORCH_NCCL_", "NVTE_", "FI_", "CUDA_")
 _MAX_LISTED_RANKS = 32
 
 
+def _counted_here(param) -> bool:
+    """Whether this rank counts `param` in the model's total: each weight once over TP, DP x CP and EP.
+
+    A weight is split over TP (or expert-TP) or replicated on every TP rank (norms, row-parallel biases);
+    dense weights repeat over DP x CP, expert weights over expert-DP; the last pipeline stage's copy of
+    tied embeddings (`shared`) repeats the first stage's.
+    """
+    if getattr(param, "shared", False):
+        return False
+    split = getattr(param, "tensor_model_parallel", False)
+    if not getattr(param, "allreduce", True):  # a routed expert's weight
+        return parallel_state.get_expert_data_parallel_rank() == 0 and (
+            split or parallel_state.get_expert_tensor_parallel_rank() == 0)
+    return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0 and (
+        split or parallel_state.get_tensor_model_parallel_rank() == 0)
+
+
 def _rank_coordinates(model) -> dict:
     return {
+        "counted": sum(param.numel() for chunk in model for param in chunk.parameters() if _counted_here(param)),
         "rank": dist.get_rank(),
         "host": socket.gethostname(),
         "tp": parallel_state.get_tensor_model_parallel_rank(),
@@ -152,8 +171,10 @@ def _data_lines(args) -> list:
     return lines
 
 
-def banner_lines(args, ranks: list, num_microbatches: int) -> list:
-    """The banner's lines, from validated args and every rank's coordinates."""
+def banner_lines(args, ranks: list, num_microbatches: int, parameters: int | None = None) -> list:
+    """The banner's lines, from validated args and every rank's coordinates; `parameters` is the built
+    model's count (each weight once), else the arguments' (memory_estimate.py)."""
+    parameters = total_parameters(args) if parameters is None else parameters
     tokens = args.global_batch_size * args.seq_length
     estimate = estimate_memory(args, num_microbatches)
     recompute = args.recompute_granularity == "full"
@@ -161,7 +182,7 @@ def banner_lines(args, ranks: list, num_microbatches: int) -> list:
     return [
         "-------------------- start-up banner --------------------",
         *_layout_lines(args, ranks),
-        f"model: {total_parameters(args):,} parameters; {tokens:,} tokens per iteration "
+        f"model: {parameters:,} parameters; {tokens:,} tokens per iteration "
         f"({args.global_batch_size} sequences of {args.seq_length}); "
         f"{num_floating_point_operations(args, args.global_batch_size):.3e} FLOPs per iteration",
         *_kernel_lines(args),
@@ -181,4 +202,5 @@ def print_startup_banner(args, model: list, num_microbatches: int) -> None:
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, _rank_coordinates(model))
     if dist.get_rank() == 0:
-        print("\n".join(banner_lines(args, ranks, num_microbatches)), flush=True)
+        parameters = sum(entry["counted"] for entry in ranks)
+        print("\n".join(banner_lines(args, ranks, num_microbatches, parameters)), flush=True)

@@ -43,7 +43,8 @@ class ExitConditions:
         if args.exit_signal_handler and self._any_rank(self.signal_received):
             if args.save:
                 save()
-            print_rank_0(f"exiting program after receiving signal {args.exit_signal} at iteration {iteration}")
+            name = getattr(args.exit_signal, "name", args.exit_signal)  # SIGTERM, not its number
+            print_rank_0(f"exiting program after receiving signal {name} at iteration {iteration}")
             return 0
 
         saved = False

@@ -1,4 +1,5 @@
-"""Parameters, memory per GPU and FLOPs of a GPT run, from its validated arguments alone (no GPU, no model).
+"""Parameters, memory per GPU and FLOPs of a GPT (dense or MoE) or T5 run, from its validated arguments alone
+(no GPU, no model).
 
 Parameters of one transformer layer (h hidden, q = kv_channels x heads, k = kv_channels x query groups,
 f ffn, g = 2 with SwiGLU else 1; biases only with --add-bias-linear / --add-qkv-bias; LayerNorm has a
@@ -9,6 +10,14 @@ bias, RMSNorm not):
 The QKV, proj, fc1 and fc2 weights and the column-parallel biases are split over TP; norms and the
 row-parallel biases are replicated. Embeddings: V.h word (split over TP), max_pos.h learned positions;
 the output layer is another V.h when untied (or, tied under PP, the last stage's copy of the embedding).
+
+A MoE layer (--num-experts E, the layers --moe-layer-freq picks) has, instead of fc1/fc2, a router E.h
+(replicated), E experts of h.f_e.g + f_e.h (split over EP x expert-TP) and, with
+--moe-shared-expert-intermediate-size f_s, a shared MLP h.f_s.g + f_s.h (split over TP). A T5 (the entry
+script's model type `encoder_and_decoder`) has --encoder-num-layers such layers, then --decoder-num-layers with a
+cross-attention each (norm 2h, q h.q, kv 2.h.k, proj q.h, and their biases), a final norm after each
+stack and the LM head's bias V. BERT's pooler, LM-head transform and token types (2h^2 + ~V) are not
+counted (~0.6% of BERT-large); the banner counts the built model itself.
 
 Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients accumulate in fp32, else
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (SGD momentum 4), divided by DP
@@ -31,9 +40,17 @@ and its dropout mask, the final norm output, the logits and their fp32 softmax f
 (B + 4 + 4): logits, softmax, and the gradient of the logits made in backward). The first pipeline stage
 holds min(PP, microbatches) microbatches in flight (1F1B). Not modelled: attention dropout where SDPA has
 no fused kernel that applies it (the CPU), which then keeps s x s probabilities per head.
+
+A MoE layer keeps, instead of the MLP's, for its t.topk/EP routed rows (balanced routing): the permuted
+input, the experts' fc1 and activation outputs, the expert output before and after weighting, and the
+router's fp32 logits and probabilities (measured on CPU: within 1% of what the layer saves). A T5 decoder
+layer also keeps its cross-attention's norm, q, k, v (over the encoder's tokens) and output; T5's
+activations are this model's arithmetic, not checked against a measurement.
 """
 
 from dataclasses import dataclass
+
+from megatron.core.enums import ModelType
 
 GIB = 1024**3
 
@@ -63,22 +80,65 @@ class MemoryEstimate:
         return self.weights + self.gradients + self.optimizer + self.activations_full_recompute
 
 
-def _layer_parameters(args) -> tuple[int, int]:
-    """(split over TP, replicated) parameters of one transformer layer."""
-    h, f = args.hidden_size, args.ffn_hidden_size
+def _norm(args) -> int:
+    return args.hidden_size if args.normalization == "RMSNorm" else 2 * args.hidden_size
+
+
+def _mlp_parameters(args, ffn: int) -> tuple[int, int]:
+    """(split over TP, replicated) parameters of one MLP of width `ffn`."""
+    h, gate = args.hidden_size, 2 if args.swiglu else 1
+    split, replicated = h * ffn * gate + ffn * h, 0
+    if args.add_bias_linear:
+        split, replicated = split + ffn * gate, h
+    return split, replicated
+
+
+def _layer_parameters(args, moe: bool = False, cross_attention: bool = False) -> tuple[int, int, int]:
+    """(split over TP, replicated, split over EP x expert-TP) parameters of one transformer layer."""
+    h = args.hidden_size
     heads = args.num_attention_heads
     groups = args.num_query_groups if args.group_query_attention else heads
     q, k = args.kv_channels * heads, args.kv_channels * groups
-    gate = 2 if args.swiglu else 1
-    norm = h if args.normalization == "RMSNorm" else 2 * h
-    split = h * (q + 2 * k) + q * h + h * f * gate + f * h
-    replicated = 2 * norm
+    split = h * (q + 2 * k) + q * h
+    replicated = 2 * _norm(args)
     if args.add_bias_linear:
-        split += (q + 2 * k) + f * gate
-        replicated += 2 * h
+        split += q + 2 * k
+        replicated += h
     elif getattr(args, "add_qkv_bias", False):
         split += q + 2 * k
-    return split, replicated
+    if cross_attention:  # T5 decoder: q from the decoder, k and v from the encoder output
+        split += h * q + 2 * h * k + q * h + ((q + 2 * k) if args.add_bias_linear else 0)
+        replicated += _norm(args) + (h if args.add_bias_linear else 0)
+    experts = 0
+    if moe:
+        replicated += args.num_experts * h
+        experts = args.num_experts * sum(_mlp_parameters(args, args.moe_ffn_hidden_size))
+        if args.moe_shared_expert_intermediate_size:
+            shared_split, shared_replicated = _mlp_parameters(args, args.moe_shared_expert_intermediate_size)
+            split, replicated = split + shared_split, replicated + shared_replicated
+    else:
+        mlp_split, mlp_replicated = _mlp_parameters(args, args.ffn_hidden_size)
+        split, replicated = split + mlp_split, replicated + mlp_replicated
+    return split, replicated, experts
+
+
+def _encoder_and_decoder(args) -> bool:
+    """A T5: `pretrain()` records the entry script's model type in args.model_type, as Megatron-LM does."""
+    return getattr(args, "model_type", None) is ModelType.encoder_and_decoder
+
+
+def _layers(args) -> list[tuple[int, int, int]]:
+    """`_layer_parameters` of every layer in order (a T5's encoder layers, then its decoder layers)."""
+    if _encoder_and_decoder(args):
+        decoder_layers = args.decoder_num_layers or args.encoder_num_layers
+        return [_layer_parameters(args)] * args.encoder_num_layers + [
+            _layer_parameters(args, cross_attention=True)] * decoder_layers
+    if not args.num_experts:
+        return [_layer_parameters(args)] * args.num_layers
+    frequency = args.moe_layer_freq
+    pattern = ([layer % frequency == 0 for layer in range(args.num_layers)] if isinstance(frequency, int)
+               else [bool(is_moe) for is_moe in frequency])
+    return [_layer_parameters(args, moe=is_moe) for is_moe in pattern]
 
 
 def _embedding_parameters(args) -> tuple[int, int]:
@@ -87,51 +147,105 @@ def _embedding_parameters(args) -> tuple[int, int]:
     return args.padded_vocab_size * args.hidden_size, positions if args.position_embedding_type == "learned_absolute" else 0
 
 
+def _outside_layers(args) -> tuple[int, int]:
+    """(final norms, output layer and LM-head bias) parameters of the whole model."""
+    words, _ = _embedding_parameters(args)
+    if _encoder_and_decoder(args):
+        return 2 * _norm(args), args.padded_vocab_size + (words if args.untie_embeddings_and_output_weights else 0)
+    return _norm(args), words if args.untie_embeddings_and_output_weights else 0
+
+
 def total_parameters(args) -> int:
     """Parameters of the whole model, each counted once."""
-    split, replicated = _layer_parameters(args)
     words, positions = _embedding_parameters(args)
-    final_norm = args.hidden_size if args.normalization == "RMSNorm" else 2 * args.hidden_size
-    output = words if args.untie_embeddings_and_output_weights else 0
-    return args.num_layers * (split + replicated) + words + positions + final_norm + output
+    norms, output = _outside_layers(args)
+    return sum(map(sum, _layers(args))) + words + positions + norms + output
 
 
 def parameters_per_rank(args) -> dict:
-    """{"first stage": n, "last stage": n} parameters on one TP rank of the first and last pipeline stages."""
+    """{"first stage": n, "last stage": n} parameters on one TP (and EP) rank of the first and last pipeline
+    stages (T5 runs at PP 1)."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    split, replicated = _layer_parameters(args)
+    experts_share = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or tp)
+    layers = _layers(args)
+    per_stage = len(layers) // pp
+
+    def stage(index: int) -> int:
+        return sum(split // tp + replicated + experts // experts_share
+                   for split, replicated, experts in layers[index * per_stage:(index + 1) * per_stage])
+
     words, positions = _embedding_parameters(args)
-    layers = args.num_layers // pp * (split // tp + replicated)
-    final_norm = args.hidden_size if args.normalization == "RMSNorm" else 2 * args.hidden_size
-    first = layers + words // tp + positions
-    last_output = words // tp if (args.untie_embeddings_and_output_weights or pp > 1) else 0
+    norms, output = _outside_layers(args)
+    first = stage(0) + words // tp + positions
+    last_output = output // tp if (output or pp == 1) else words // tp  # tied under PP: the last stage's copy
     if pp == 1:
-        return {"first stage": first + final_norm + last_output, "last stage": first + final_norm + last_output}
-    return {"first stage": first, "last stage": layers + final_norm + last_output}
+        return {"first stage": first + norms + last_output, "last stage": first + norms + last_output}
+    return {"first stage": first, "last stage": stage(pp - 1) + norms + last_output}
+
+
+def _routed_rows(args, tokens: int) -> int:
+    """Rows an expert-parallel rank's experts compute for `tokens` tokens (top-k copies, balanced routing)."""
+    return tokens * args.moe_router_topk // args.expert_model_parallel_size
+
+
+def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens: int = 0) -> int:
+    """Bytes one layer keeps for backward for `tokens` tokens of a microbatch (module docstring); a T5
+    decoder layer's cross-attention over `encoder_tokens` adds its norm, q, k, v and output."""
+    h, B = args.hidden_size, 2 if (args.fp16 or args.bf16) else 4
+    tp = args.tensor_model_parallel_size
+    heads = args.num_attention_heads
+    groups = args.num_query_groups if args.group_query_attention else heads
+    q, k = args.kv_channels * heads, args.kv_channels * groups
+    replicated_share = tp if args.sequence_parallel else 1
+    masks = 2 * tokens * h * B if args.hidden_dropout > 0 else 0
+    kept = (4 * tokens * h * B + masks) // replicated_share + tokens * (q + 2 * k + q) * B // tp
+    if encoder_tokens:
+        kept += (2 * tokens * h * B + (masks // 2)) // replicated_share
+        kept += (tokens * 2 * q + encoder_tokens * 2 * k) * B // tp
+    if moe:
+        # Routed rows t.topk/EP (balanced routing): the permuted input, the experts' fc1 and activation outputs
+        # (width f_e over expert-TP; SwiGLU keeps one more), the expert output before and after weighting
+        # ([rows, h] each), the router's fp32 logits and probabilities.
+        f, rows = args.moe_ffn_hidden_size, _routed_rows(args, tokens)
+        gate = 2 if args.swiglu else 1
+        kept += rows * (f * gate + f + (f if args.swiglu else 0)) * B // (args.expert_tensor_parallel_size or tp)
+        kept += 3 * rows * h * B + 2 * tokens * args.num_experts * 4
+    else:
+        f, gate = args.ffn_hidden_size, 2 if args.swiglu else 1
+        # fc1 and activation outputs; with SwiGLU also SiLU(a) and its sigmoid, beside a, b and SiLU(a) * b
+        kept += tokens * (f * gate + f + (2 * f if args.swiglu else 0)) * B // tp
+    return kept
 
 
 def _activation_bytes(args) -> tuple[int, int]:
     """(no recompute, full recompute) activation bytes of one microbatch on the first stage."""
-    s, b, h = args.seq_length, args.micro_batch_size, args.hidden_size
+    b, h = args.micro_batch_size, args.hidden_size
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     B = 2 if (args.fp16 or args.bf16) else 4
-    heads = args.num_attention_heads
-    groups = args.num_query_groups if args.group_query_attention else heads
-    q, k = args.kv_channels * heads, args.kv_channels * groups
-    gate = 2 if args.swiglu else 1
-    f = args.ffn_hidden_size
-    tokens = s * b
     replicated_share = tp if args.sequence_parallel else 1
-    masks = 2 * tokens * h * B if args.hidden_dropout > 0 else 0
-    per_layer = (4 * tokens * h * B + masks) // replicated_share
-    swiglu_extra = 2 * f if args.swiglu else 0  # SiLU(a) and its sigmoid, beside a, b and SiLU(a) * b
-    per_layer += tokens * ((q + 2 * k + q) + (f * gate + f + swiglu_extra)) * B // tp
-    layers = args.num_layers // pp
-    backward_working_set = 2 * tokens * f * gate * B // tp
-    logits = tokens * args.padded_vocab_size // tp * (B + 4 + 4) if pp == 1 else 0
+    tokens = args.seq_length * b
+    if _encoder_and_decoder(args):
+        decoder_tokens = args.decoder_seq_length * b
+        layers = [_layer_activation_bytes(args, tokens)] * args.encoder_num_layers + [
+            _layer_activation_bytes(args, decoder_tokens, encoder_tokens=tokens)] * (
+            args.decoder_num_layers or args.encoder_num_layers)
+        inputs = (args.encoder_num_layers * tokens + (len(layers) - args.encoder_num_layers) * decoder_tokens) * h * B
+        moe_layers = []
+    else:
+        moe_layers = [parameters[2] > 0 for parameters in _layers(args)][: args.num_layers // pp]
+        layers = [_layer_activation_bytes(args, tokens, moe=moe) for moe in moe_layers]
+        decoder_tokens, inputs = tokens, len(layers) * tokens * h * B
+    # Backward's working set: about two gradients of the largest fc1 output (dense, or the routed rows').
+    gate = 2 if args.swiglu else 1
+    dense_layers = not moe_layers or not all(moe_layers)
+    backward_working_set = 2 * tokens * args.ffn_hidden_size * gate * B // tp if dense_layers else 0
+    if any(moe_layers):
+        backward_working_set = max(backward_working_set, 2 * _routed_rows(args, tokens) * args.moe_ffn_hidden_size
+                                   * gate * B // (args.expert_tensor_parallel_size or tp))
+    logits = decoder_tokens * args.padded_vocab_size // tp * (B + 4 + 4) if pp == 1 else 0
     outside = 3 * tokens * h * B + logits + backward_working_set
-    full = layers * tokens * h * B // replicated_share + per_layer + outside
-    return layers * per_layer + outside, full
+    full = inputs // replicated_share + max(layers) + outside
+    return sum(layers) + outside, full
 
 
 def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:

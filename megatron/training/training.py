@@ -69,6 +69,8 @@ def pretrain(
     # Parse and validate first: --dry-run stops there, before torch.distributed exists.
     parsed_args = initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults,
                                       parsed_args=parsed_args, skip_mpu_initialization=True)
+    # Recorded as Megatron-LM records it; the parameter and memory estimates tell a T5 by it.
+    parsed_args.model_type = model_type
     if parsed_args.dry_run:
         dry_run(parsed_args)
         return

@@ -1,4 +1,5 @@
-"""`pretrain_gpt.py` with one fault injected, for the fault-injection tests (run as each rank).
+"""`pretrain_gpt.py` (or the entry script FAULT_SCRIPT names) with one fault injected, for the fault-injection
+tests (run as each rank).
 
     FAULT=<kind>:<rank>:<iteration> python fault_injection_entry.py <pretrain_gpt.py flags>  (RANK, WORLD_SIZE, ... set)
 
@@ -95,5 +96,5 @@ elif KIND in ("kill_mid_save", "disk_full"):
 else:
     raise ValueError(f"FAULT kind {KIND!r}: expected kill_mid_iteration, kill_mid_save, disk_full or nan_grad")
 
-sys.argv = [os.path.join(ROOT, "pretrain_gpt.py"), *sys.argv[1:]]
+sys.argv = [os.path.join(ROOT, os.environ.get("FAULT_SCRIPT", "pretrain_gpt.py")), *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")

@@ -32,6 +32,22 @@ def run(script: str, args: list[str], timeout: int = 900, env: dict | None = Non
     return result
 
 
+def run_until_signalled(script: str, args: list[str], iteration: int, signal_number: int) -> tuple[int, str]:
+    """Runs `python <script> <args>` and sends it `signal_number` once the console line of `iteration` is out;
+    returns (its exit code, its output)."""
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if f"iteration {iteration:8d}/" in line:
+            process.send_signal(signal_number)
+            break
+    lines.extend(process.stdout)
+    return process.wait(timeout=120), "".join(lines)
+
+
 def read_scalars(logdir: str, tag: str) -> dict[int, float]:
     """{step: value} of one TensorBoard scalar tag over every event file in `logdir`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -8,11 +8,12 @@ approximate (rtol 5%, as Megatron's functional tests) so that CPU kernels of oth
 import json
 import math
 import os
+import signal
 
 import pytest
 import torch
 
-from .harness import TINY_GPT, read_scalars, run
+from .harness import TINY_GPT, read_scalars, run, run_until_signalled
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "gpt_builtin_corpus.json")
 
@@ -103,26 +104,11 @@ def test_codeparrot_tutorial_command_runs(tmp_path, dataset):
 
 def test_exit_signal_handler_saves_and_exits_cleanly(tmp_path, dataset):
     """SIGTERM with --exit-signal-handler: the run saves a checkpoint at the next iteration and exits 0."""
-    import signal
-    import subprocess
-    import sys
-
-    from .harness import ROOT
-
-    command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *TINY_GPT, *dataset, "--train-iters", "100000",
-               "--log-interval", "1", "--exit-signal-handler", "--save", str(tmp_path / "ckpt"),
-               "--save-interval", "100000"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1"))
-    output = []
-    for line in process.stdout:
-        output.append(line)
-        if "iteration        3/" in line:
-            process.send_signal(signal.SIGTERM)
-            break
-    output.extend(process.stdout)
-    assert process.wait(timeout=120) == 0, "".join(output[-30:])
+    code, output = run_until_signalled("pretrain_gpt.py", [
+        *TINY_GPT, *dataset, "--train-iters", "100000", "--log-interval", "1", "--exit-signal-handler",
+        "--save", str(tmp_path / "ckpt"), "--save-interval", "100000"], 3, signal.SIGTERM)
+    assert code == 0, output[-3000:]
     with open(tmp_path / "ckpt" / "latest_checkpointed_iteration.txt") as stream:
         iteration = int(stream.read())
     assert 3 <= iteration < 100000
-    assert any("exiting program after receiving signal" in line for line in output)
+    assert f"exiting program after receiving signal SIGTERM at iteration {iteration}" in output
