@@ -6,16 +6,8 @@ bf16 run, a bf16 one into an FP8 run with fresh scales)."""
 import pytest
 import torch
 
-from megatron.core.fp8 import update_fp8_scaling
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
-from tests.unit_tests.training.checkpoint.tiny_run import (
-    BATCH_SIZE,
-    SEQUENCE_LENGTH,
-    VOCAB_SIZE,
-    build_run,
-    make_args,
-    seed_everything,
-)
+from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args, seed_everything, train_steps
 
 pytestmark = pytest.mark.usefixtures("single_rank")
 
@@ -23,25 +15,6 @@ FP8 = ("--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "4", "--fp8
 FP8_LINEARS = [f"decoder.layers.{layer}.{name}._extra_state" for layer in (0, 1)
                for name in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
                             "mlp.linear_fc2")]
-
-
-def _train(model, optimizer, scheduler, args, first_step: int, num_steps: int) -> list:
-    """tiny_run's training loop with the step-end FP8 update the schedules make."""
-    model.train()
-    losses = []
-    for step in range(first_step, first_step + num_steps):
-        tokens = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQUENCE_LENGTH + 1),
-                               generator=torch.Generator().manual_seed(step))
-        positions = torch.arange(SEQUENCE_LENGTH).expand(BATCH_SIZE, -1)
-        loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).float().mean()
-        loss.backward()
-        update_fp8_scaling([model])
-        optimizer.step()
-        scheduler.step(BATCH_SIZE)
-        optimizer.zero_grad()
-        args.consumed_train_samples += BATCH_SIZE
-        losses.append(loss.item())
-    return losses
 
 
 def _fp8_states(model) -> dict:
@@ -52,9 +25,9 @@ def _saved_run(directory, ckpt_format: str, *precision):
     """A run trained 2 steps and saved; returns (its FP8 states at the save, its next 3 losses)."""
     args = make_args(*precision, "--ckpt-format", ckpt_format, "--save", directory)
     model, optimizer, scheduler = build_run(args, 1234)
-    _train(model, optimizer, scheduler, args, 0, 2)
+    train_steps(model, optimizer, scheduler, args, 0, 2)
     save_checkpoint(2, [model], optimizer, scheduler, 0.0, args=args)
-    return _fp8_states(model), _train(model, optimizer, scheduler, args, 2, 3)
+    return _fp8_states(model), train_steps(model, optimizer, scheduler, args, 2, 3)
 
 
 def _loaded_run(directory, ckpt_format: str, *precision):
@@ -75,7 +48,7 @@ def test_fp8_run_resumes_exactly_with_its_scaling_state(tmp_path, ckpt_format):
     loaded_states = _fp8_states(model)
     for name, state in saved_states.items():
         assert torch.equal(loaded_states[name], state), name
-    assert _train(model, optimizer, scheduler, args, 2, 3) == expected
+    assert train_steps(model, optimizer, scheduler, args, 2, 3) == expected
 
 
 @pytest.mark.parametrize("ckpt_format", ["torch", "torch_dist"])
@@ -83,7 +56,7 @@ def test_fp8_checkpoint_loads_into_a_bf16_run(tmp_path, ckpt_format):
     _saved_run(tmp_path, ckpt_format, *FP8)
     model, optimizer, scheduler, args = _loaded_run(tmp_path, ckpt_format, "--bf16")
     assert _fp8_states(model) == {}
-    assert all(torch.isfinite(torch.tensor(_train(model, optimizer, scheduler, args, 2, 1))))
+    assert all(torch.isfinite(torch.tensor(train_steps(model, optimizer, scheduler, args, 2, 1))))
 
 
 @pytest.mark.parametrize("ckpt_format", ["torch", "torch_dist"])
@@ -92,7 +65,7 @@ def test_bf16_checkpoint_loads_into_an_fp8_run_with_fresh_scales(tmp_path, ckpt_
     model, optimizer, scheduler, args = _loaded_run(tmp_path, ckpt_format, *FP8)
     for state in _fp8_states(model).values():
         assert (state[0] == 1).all() and (state[1:] == 0).all()
-    assert all(torch.isfinite(torch.tensor(_train(model, optimizer, scheduler, args, 2, 1))))
+    assert all(torch.isfinite(torch.tensor(train_steps(model, optimizer, scheduler, args, 2, 1))))
 
 
 def test_another_amax_history_length_is_refused_by_name(tmp_path):

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import torch
 
+from megatron.core.fp8 import update_fp8_scaling
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import get_megatron_optimizer
@@ -82,6 +83,7 @@ def train_steps(model, optimizer, scheduler, args, first_step: int, num_steps: i
         positions = torch.arange(SEQUENCE_LENGTH, device=device).expand(BATCH_SIZE, -1)
         loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).float().mean()
         loss.backward()
+        update_fp8_scaling([model])  # the step-end FP8 update the schedules make (nothing without FP8)
         optimizer.step()
         scheduler.step(BATCH_SIZE)
         optimizer.zero_grad()
