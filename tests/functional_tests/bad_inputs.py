@@ -191,6 +191,32 @@ def _write_tracker(text: str) -> Callable[[str], None]:
     return damage
 
 
+def _entry_script_provider(task: str, provider: str, *flags, world_size: int = 1) -> None:
+    """Calls `megatron.training.tasks.<task>.<provider>` with the run's arguments, as pretrain() does."""
+    import importlib
+
+    from megatron.training import global_vars
+
+    global_vars.set_args(_validate(*flags, world_size=world_size))
+    try:
+        getattr(importlib.import_module(f"megatron.training.tasks.{task}"), provider)(*(
+            [[1, 0, 0]] if provider == "train_valid_test_datasets_provider" else []))
+    finally:
+        global_vars.unset_global_variables()
+
+
+def _convert_mixtral(scratch: str, *flags, shape: tuple = ()) -> None:
+    """tools/checkpoint/convert.py of a Mixtral-shaped checkpoint (4 experts) saved under `scratch`."""
+    from megatron.training.checkpoint_conversion.convert import main as convert
+    from tests.unit_tests.training.checkpoint_conversion.gpt_models import build_model, model_args, save_model
+
+    with _single_rank():
+        args = model_args("mixtral", *shape)
+        save_model(build_model(args), args, os.path.join(scratch, "megatron"))
+    convert(["--model-type", "GPT", "--load-dir", os.path.join(scratch, "megatron"), "--save-dir",
+             os.path.join(scratch, "out"), "--true-vocab-size", "100", *flags])
+
+
 def _config_file(scratch: str, text: str) -> None:
     path = os.path.join(scratch, "run.yaml")
     with open(path, "w") as file:
@@ -345,6 +371,28 @@ CASES = {
                                     lambda directory: os.remove(os.path.join(directory, "latest_checkpointed_"
                                                                                         "iteration.txt"))),
         "--exit-on-missing-checkpoint: no checkpoint to load"),
+    # --- BERT, T5 and checkpoint conversion --------------------------------------------------------------
+    "bert-mock-data": BadInput(
+        "`pretrain_bert.py --mock-data` (BERT needs sentence-split data)",
+        lambda scratch: _entry_script_provider("bert", "train_valid_test_datasets_provider"),
+        "pretrain_bert.py needs sentence-split data: give --data-path PREFIX_text_sentence"),
+    "bert-pipeline-parallel": BadInput(
+        "`pretrain_bert.py --pipeline-model-parallel-size 2` on 2 ranks",
+        lambda scratch: _entry_script_provider("bert", "model_provider", "--pipeline-model-parallel-size", "2",
+                                               world_size=2),
+        "--pipeline-model-parallel-size 2: pipeline parallelism is not supported yet for BERT"),
+    "t5-without-decoder-length": BadInput(
+        "`pretrain_t5.py` without `--decoder-seq-length`",
+        lambda scratch: _entry_script_provider("t5", "model_provider"),
+        "pretrain_t5.py needs --decoder-seq-length"),
+    "convert-expert-parallel-not-dividing": BadInput(
+        "`convert.py --target-expert-parallel-size 3` of a checkpoint with 4 experts",
+        lambda scratch: _convert_mixtral(scratch, "--target-expert-parallel-size", "3"),
+        "--target-expert-parallel-size 3 must divide the 4 experts: legal sizes 1, 2, 4"),
+    "export-moe-with-dense-layers": BadInput(
+        "`convert.py --saver hf` of a MoE model with dense layers (`--moe-layer-freq 2`)",
+        lambda scratch: _convert_mixtral(scratch, "--saver", "hf", shape=("--moe-layer-freq", "2")),
+        "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
 }
 
 
