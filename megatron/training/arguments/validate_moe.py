@@ -65,6 +65,9 @@ def check_moe(args: argparse.Namespace, problems: list) -> None:
         problems.append(str(error))
         args.moe_layer_freq = 1
     ep, etp, tp = args.expert_model_parallel_size, args.expert_tensor_parallel_size, args.tensor_model_parallel_size
+    if etp < 1:
+        problems.append(f"--expert-tensor-parallel-size {etp} must be at least 1")
+        return
     if args.num_experts is None:
         if ep > 1:
             problems.append(f"--expert-model-parallel-size {ep} needs --num-experts")
@@ -76,15 +79,16 @@ def check_moe(args: argparse.Namespace, problems: list) -> None:
     if args.world_size % expert_model_size:
         problems.append(f"world size {args.world_size} is not divisible by expert TP {etp} x EP {ep} x PP "
                         f"{args.pipeline_model_parallel_size} = {expert_model_size}")
-    if etp != tp:
-        problems.append(f"--expert-tensor-parallel-size {etp} other than --tensor-model-parallel-size {tp} is not "
-                        f"supported yet by training runs (checkpoint files are named per tensor/expert rank)")
-    if ep > 1 and args.use_distributed_optimizer and args.ckpt_format == "torch" and (args.save or args.load):
-        problems.append("--use-distributed-optimizer with --expert-model-parallel-size > 1 cannot save or load "
-                        "--ckpt-format torch checkpoints yet; use --ckpt-format torch_dist")
-    if args.add_bias_linear:
-        problems.append("MoE layers have no linear biases here: add --disable-bias-linear (as Megatron-LM's MoE "
-                        "recipes do)")
+    if tp % etp and args.ckpt_format == "torch" and (args.save or args.load):
+        problems.append(f"--ckpt-format torch names each file by tensor and expert rank (mp_rank_TT_EEE), which "
+                        f"needs --expert-tensor-parallel-size {etp} to divide --tensor-model-parallel-size {tp}; "
+                        f"use --ckpt-format torch_dist")
+    if args.add_bias_linear and args.moe_grouped_gemm:
+        problems.append("--moe-grouped-gemm has no expert biases (as in Megatron-LM): add --disable-bias-linear, or "
+                        "leave out --moe-grouped-gemm to run the experts one by one")
+    if args.add_bias_linear and args.moe_shared_expert_intermediate_size is not None:
+        problems.append("--moe-shared-expert-intermediate-size: shared experts have no biases (as in Megatron-LM); "
+                        "add --disable-bias-linear")
     if not 1 <= args.moe_router_topk <= args.num_experts:
         problems.append(f"--moe-router-topk {args.moe_router_topk} must be between 1 and --num-experts "
                         f"{args.num_experts}")

@@ -39,8 +39,9 @@ def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, ch
 
     Compared: num_layers, hidden_size, num_attention_heads; with --vocab-file (as Megatron)
     max_position_embeddings, make_vocab_size_divisible_by, padded_vocab_size, tokenizer_type; and, with
-    check_parallel_sizes, the TP and PP sizes, which a torch-format checkpoint is tied to (checkpoints
-    before version 3.0 recorded TP as `model_parallel_size` and no PP; torch_dist checkpoints reshard).
+    check_parallel_sizes, the TP, PP, EP and expert TP sizes, which a torch-format checkpoint is tied to
+    (checkpoints before version 3.0 recorded TP as `model_parallel_size` and no PP; torch_dist checkpoints
+    reshard).
     Arguments the checkpoint did not record are not compared.
     """
     args = args if args is not None else get_args()
@@ -56,10 +57,12 @@ def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, ch
     sizes = [("tensor_model_parallel_size", "TP", "tensor_model_parallel_size" if checkpoint_version >= 3.0
               else "model_parallel_size")] if check_parallel_sizes else []
     if checkpoint_version >= 3.0 and check_parallel_sizes:
-        sizes.append(("pipeline_model_parallel_size", "PP", "pipeline_model_parallel_size"))
+        sizes += [(name, short_name, name) for name, short_name in (
+            ("pipeline_model_parallel_size", "PP"), ("expert_model_parallel_size", "EP"),
+            ("expert_tensor_parallel_size", "expert TP"))]
     for name, short_name, saved_name in sizes:
-        saved, current = getattr(checkpoint_args, saved_name, None), getattr(args, name)
-        if saved is not None and saved != current:
+        saved, current = getattr(checkpoint_args, saved_name, None), getattr(args, name, None)
+        if None not in (saved, current) and saved != current:
             mismatches.append(f"{name}: checkpoint {saved}, this run {current}; {_RESHARD_HINT.format(short_name)}")
     if mismatches:
         raise ValueError(

@@ -8,13 +8,20 @@
 Saving and loading are collective over the data-parallel group: every rank sends (or receives) its
 shard, DP rank 0 alone touches the file, which is written crash-safe (files.py) before the tracker
 names the iteration.
+
+With expert parallelism the optimizer is a chained one (dense params sharded over DP x CP, routed
+experts over expert-DP), and the file holds a list, one gathered state per sub-optimizer, as Megatron-LM
+writes it: each rank that is rank 0 of some sub-optimizer's group writes the file of its own directory,
+with None for the states gathered elsewhere, and reads it back for those sub-optimizers. No two such
+ranks share a directory: in a pipeline stage's first block of ranks the dense rank 0s are the first TP
+ranks, the expert-DP rank 0s the first ETP x EP ones, and as ETP divides TP (which torch-format
+checkpoints need) no two of these have the same TP and EP ranks.
 """
 
 import os
 
 import torch.distributed as dist
 
-from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel
 from megatron.training.checkpoint.files import load_checkpoint_file, save_atomically
 from megatron.training.checkpoint.layout import ensure_directory_exists
@@ -27,8 +34,18 @@ def get_distributed_optimizer_checkpoint_name(model_checkpoint_name) -> str:
     return os.path.join(os.path.dirname(model_checkpoint_name), DISTRIBUTED_OPTIMIZER_BASENAME)
 
 
-def _data_parallel_rank() -> int:
-    return parallel_state.get_data_parallel_rank(with_context_parallel=True) if dist.is_initialized() else 0
+def _sub_optimizers(optimizer) -> list:
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
+def _is_group_root(optimizer) -> bool:
+    """Rank 0 of the data-parallel group that `optimizer` (a distributed one) shards its state over."""
+    group = getattr(optimizer, "data_parallel_group", None)
+    return not dist.is_initialized() or (group is not None and dist.get_rank(group) == 0)
+
+
+def _holds_state(state) -> bool:
+    return any(part is not None for part in state) if isinstance(state, list) else state is not None
 
 
 def finish_param_gathers(model) -> None:
@@ -40,38 +57,43 @@ def finish_param_gathers(model) -> None:
 
 
 def save_distributed_optimizer_state(optimizer, model_checkpoint_name) -> None:
-    """Gathers the sharded optimizer state on DP rank 0, which writes `distrib_optim.pt` (collective)."""
+    """Gathers the sharded optimizer state on the data-parallel rank 0s, which write `distrib_optim.pt`
+    (collective)."""
     state = optimizer.get_parameter_state_dp_zero()
-    if _data_parallel_rank() == 0:
+    if _holds_state(state):
         filename = get_distributed_optimizer_checkpoint_name(model_checkpoint_name)
         ensure_directory_exists(filename)
         save_atomically(state, filename)
 
 
+def _read_state(filename):
+    """(the file's state, None) or (None, what is wrong with it)."""
+    if not os.path.isfile(filename):
+        return None, (
+            f"{filename} does not exist: the distributed optimizer (--use-distributed-optimizer) keeps its "
+            "state there. Was the checkpoint saved without it? Then resume without it, or pass --no-load-optim"
+        )
+    try:
+        return load_checkpoint_file(filename), None
+    except ValueError as error:
+        return None, str(error)
+
+
 def load_distributed_optimizer_state(optimizer, model_checkpoint_name) -> None:
-    """Reads `distrib_optim.pt` on DP rank 0 and scatters it into every rank's shards (collective).
+    """Reads `distrib_optim.pt` on the data-parallel rank 0s and scatters it into every rank's shards
+    (collective).
 
     Call after `optimizer.load_state_dict`, which allocates the Adam state this fills.
     """
     filename = get_distributed_optimizer_checkpoint_name(model_checkpoint_name)
     state, problem = None, None
-    if _data_parallel_rank() == 0:
-        if not os.path.isfile(filename):
-            problem = (
-                f"{filename} does not exist: the distributed optimizer (--use-distributed-optimizer) keeps its "
-                "state there. Was the checkpoint saved without it? Then resume without it, or pass --no-load-optim"
-            )
-        else:
-            try:
-                state = load_checkpoint_file(filename)
-            except ValueError as error:
-                problem = str(error)
+    if any(_is_group_root(part) for part in _sub_optimizers(optimizer)):
+        state, problem = _read_state(filename)
     if dist.is_initialized():
-        # Only DP rank 0 reads the file; the others must fail with it instead of waiting in the scatter.
-        group = parallel_state.get_data_parallel_group_gloo(with_context_parallel=True)
-        verdict = [problem]
-        dist.broadcast_object_list(verdict, src=dist.get_global_rank(group, 0), group=group)
-        problem = verdict[0]
+        # Only the rank 0s read the file; every rank must fail with them instead of waiting in the scatter.
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        problem = next((found for found in problems if found is not None), None)
     if problem is not None:
         raise ValueError(problem)
     try:

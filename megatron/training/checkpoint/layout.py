@@ -6,6 +6,9 @@
 
 TT is the tensor-parallel rank (2 digits); _PPP the pipeline rank, present when PP > 1; _EEE the
 expert-parallel rank, present when EP > 1 (so with PP = 1, `mp_rank_00_001` is an expert rank).
+
+The ranks that share a file name hold the same weights (the expert-TP rank follows from the TP rank,
+since ETP divides TP); the first of them in the data-parallel x context-parallel group writes it.
 """
 
 import os
@@ -61,6 +64,25 @@ def get_checkpoint_name(
     if expert_parallel:
         rank_directory += f"_{expert_rank:03d}"
     return os.path.join(directory, rank_directory, basename)
+
+
+def writes_checkpoint_file() -> bool:
+    """Whether this rank writes its `mp_rank_..` file: no rank before it in its data-parallel x
+    context-parallel group (same TP and PP ranks) has its expert-parallel rank. Collective over that group.
+
+    With ETP = TP these are Megatron-LM's writers, the expert-DP rank 0s; with ETP < TP some (TP, EP)
+    pairs have no expert-DP rank 0 (TP 4, ETP 1, EP 2: ranks 2 and 3 hold TP ranks 2, 3), so the rule
+    is stated over the file names instead.
+    """
+    if not (dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
+        return True
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    expert_rank = parallel_state.get_expert_model_parallel_rank()
+    mine = torch.tensor([expert_rank], device=parallel_state.collective_device())
+    expert_ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(expert_ranks, mine, group=group)
+    earlier = expert_ranks[: parallel_state.get_data_parallel_rank(with_context_parallel=True)]
+    return all(int(other) != expert_rank for other in earlier)
 
 
 def find_checkpoint_rank_0(checkpoints_path, iteration, release=False):

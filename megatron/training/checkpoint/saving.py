@@ -2,7 +2,7 @@
 (`--ckpt-format torch_dist` goes to dist_saving.py).
 
     1. every rank reads its RNG state (gathered over DP with --data-parallel-random-init)
-    2. data-parallel rank 0 of each model-parallel group writes iter_N/mp_rank_../model_optim_rng.pt
+    2. one data-parallel replica of each file name writes iter_N/mp_rank_../model_optim_rng.pt (layout.py)
        (--use-distributed-optimizer: and distrib_optim.pt, gathered from the DP ranks, distrib_optim.py)
     3. barrier: all files are complete
     4. global rank 0 writes latest_checkpointed_iteration.txt
@@ -16,7 +16,6 @@ from datetime import datetime
 
 import torch.distributed as dist
 
-from megatron.core import parallel_state
 from megatron.training.checkpoint.dist_saving import save_sharded_checkpoint
 from megatron.training.checkpoint.distrib_optim import finish_param_gathers, save_distributed_optimizer_state
 from megatron.training.checkpoint.files import save_atomically, write_text_atomically
@@ -26,6 +25,7 @@ from megatron.training.checkpoint.layout import (
     get_checkpoint_tracker_filename,
     model_parallel_position,
     require_supported_format,
+    writes_checkpoint_file,
 )
 from megatron.training.checkpoint.rng import get_rng_state
 from megatron.training.checkpoint.state_dict import generate_state_dict
@@ -90,9 +90,8 @@ def save_checkpoint(
         pipeline_rank=pipeline_rank, expert_parallel=expert_parallel, expert_rank=expert_rank,
     )
     # Model-parallel replicas over DP (and CP, which holds the same weights) are identical: one writes.
-    # With EP > 1 the experts differ between DP ranks: expert-DP rank 0 of each (tp, pp, ep) writes (the
-    # same ranks as DP x CP rank 0 when EP = 1).
-    if not dist.is_initialized() or parallel_state.get_expert_data_parallel_rank() == 0:
+    # With EP > 1 the experts differ between DP ranks: one rank of each (tp, pp, ep) writes.
+    if writes_checkpoint_file():
         state_dict = generate_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration=iteration)
         state_dict["num_floating_point_operations_so_far"] = num_floating_point_operations_so_far
         ensure_directory_exists(checkpoint_name)

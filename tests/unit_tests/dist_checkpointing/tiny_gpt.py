@@ -25,17 +25,19 @@ POSITIONS = torch.arange(SEQUENCE_LENGTH).expand(MICRO_BATCH, SEQUENCE_LENGTH)
 
 
 def build(tensor_parallel: int, pipeline_parallel: int, distributed_optimizer: bool, seed: int,
-          expert_parallel: int = 0):
+          expert_parallel: int = 0, expert_tensor_parallel: int | None = None):
     """(DDP-wrapped stage of the model, optimizer) under a fresh TP x PP (x DP) layout. With
-    `expert_parallel` (EP >= 1) every layer's MLP is a MoE layer of 4 experts split over EP ranks."""
+    `expert_parallel` (EP >= 1) every layer's MLP is a MoE layer of 4 experts split over EP ranks (and
+    over `expert_tensor_parallel` ranks each, default TP)."""
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
                                              pipeline_model_parallel_size=pipeline_parallel,
-                                             expert_model_parallel_size=expert_parallel or 1)
+                                             expert_model_parallel_size=expert_parallel or 1,
+                                             expert_tensor_parallel_size=expert_tensor_parallel)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     moe = dict(num_moe_experts=4, moe_ffn_hidden_size=24, expert_model_parallel_size=expert_parallel,
-               moe_router_topk=2) if expert_parallel else {}
+               expert_tensor_parallel_size=expert_tensor_parallel, moe_router_topk=2) if expert_parallel else {}
     config = TransformerConfig(
         num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, normalization="RMSNorm",

@@ -1,15 +1,17 @@
 """The local experts of one MoE layer: E/ep MLPs, each split over the expert-TP ranks.
 
-    expert e:  y = fc2(act(fc1(x)))       fc1 [f/etp, h] (GLU: [gate_r; up_r], 2f/etp rows), fc2 [h, f/etp]
+    expert e:  y = fc2(act(fc1(x) + b1)) + b2   fc1 [f/etp, h] (GLU: [gate_r; up_r], 2f/etp rows),
+                                                fc2 [h, f/etp]; b1 [f/etp] split like fc1, b2 [h] whole
 
 With etp > 1 each rank returns a partial sum over its f/etp columns; the dispatcher's reduce-scatter
-adds them up. The weights carry `allreduce=False`, so DDP reduces their gradients over the expert
-data-parallel group instead of the data-parallel one.
+adds them up (each rank adds b2 / etp, see `_BiasShare`). The params carry `allreduce=False`, so DDP
+reduces their gradients over the expert data-parallel group instead of the data-parallel one.
 
 Two modules with Megatron-Core's state-dict keys:
-    SequentialMLP  experts.local_experts.{i}.linear_fc1.weight   one GEMM per expert
+    SequentialMLP  experts.local_experts.{i}.linear_fc1.weight   one GEMM per expert; with
+                   add_bias_linear also `.bias` (zero-initialised, as Megatron's linear layers)
     GroupedMLP     experts.linear_fc1.weight{i}                   (TE's grouped keys) one grouped GEMM
-               (`torch._grouped_mm`) on a GPU that has it, else the same loop
+               (`torch._grouped_mm`) on a GPU that has it, else the same loop; no biases (as Megatron's)
 Initialisation: with `use_cpu_initialization` every rank draws all E experts' full weights in expert
 order from the CPU generator and keeps its own, so the model does not depend on ep or etp; otherwise
 each rank draws its shards from the `expert-parallel-rng` stream.
@@ -61,8 +63,10 @@ class ExpertWeights:
         )
 
     def _empty(self, full_shape, dim) -> torch.nn.Parameter:
+        """An uninitialised param of `full_shape` split over the ETP ranks along `dim` (None: whole)."""
         shape = list(full_shape)
-        shape[dim] //= self.etp_size
+        if dim is not None:
+            shape[dim] //= self.etp_size
         return torch.nn.Parameter(
             torch.empty(shape, dtype=self.config.params_dtype, device=parameter_device(self.config))
         )
@@ -79,6 +83,21 @@ class ExpertWeights:
         if self.config.perform_initialization:
             self._initialize(weights)
         return weights
+
+    def build_biases(self) -> list:
+        """[(b1 [2f/etp or f/etp], b2 [h])] for the local experts, zeros; b1 is split like fc1's rows."""
+        biases = []
+        for _ in range(self.num_local_experts):
+            (fc1_shape, _, stride, _), (fc2_shape, _, _, _) = self.layouts
+            fc1_bias, fc2_bias = self._empty(fc1_shape[:1], 0), self._empty(fc2_shape[:1], None)
+            set_tensor_model_parallel_attributes(fc1_bias, self.etp_size > 1, 0, stride)
+            set_tensor_model_parallel_attributes(fc2_bias, False, 0, 1)
+            for bias in (fc1_bias, fc2_bias):
+                bias.allreduce = False
+                with torch.no_grad():
+                    bias.zero_()
+            biases.append((fc1_bias, fc2_bias))
+        return biases
 
     @torch.no_grad()
     def _initialize(self, weights: list) -> None:
@@ -115,17 +134,32 @@ def expert_activation(config):
 
 
 class _ExpertLinear(torch.nn.Module):
-    """Holds one expert weight as `weight` (the key Megatron's SequentialMLP experts have)."""
+    """Holds one expert weight as `weight` (and `bias`), the keys Megatron's SequentialMLP experts have."""
 
-    def __init__(self, weight: torch.nn.Parameter):
+    def __init__(self, weight: torch.nn.Parameter, bias: torch.nn.Parameter | None):
         super().__init__()
         self.weight = weight
+        self.bias = bias
 
 
 class _ExpertMLP(torch.nn.Module):
-    def __init__(self, fc1: torch.nn.Parameter, fc2: torch.nn.Parameter):
+    def __init__(self, fc1: torch.nn.Parameter, fc2: torch.nn.Parameter, fc1_bias=None, fc2_bias=None):
         super().__init__()
-        self.linear_fc1, self.linear_fc2 = _ExpertLinear(fc1), _ExpertLinear(fc2)
+        self.linear_fc1, self.linear_fc2 = _ExpertLinear(fc1, fc1_bias), _ExpertLinear(fc2, fc2_bias)
+
+
+class _BiasShare(torch.autograd.Function):
+    """rows + bias / etp: the etp ranks' partial sums add up to one b2. Every ETP rank receives the same
+    output gradient (the backward of the combine's reduce-scatter is an all-gather), so giving `bias`
+    the whole gradient keeps its etp copies equal, each with the gradient of the one bias they stand for."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, bias: torch.Tensor, etp_size: int):
+        return rows + bias / etp_size
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output, grad_output, None
 
 
 class SequentialMLP(MegatronModule):
@@ -135,15 +169,33 @@ class SequentialMLP(MegatronModule):
     def __init__(self, num_local_experts: int, config, local_expert_indices: list, submodules=None):
         super().__init__(config)
         self.num_local_experts = num_local_experts
-        pairs = ExpertWeights(config, num_local_experts, local_expert_indices).build()
-        self.local_experts = torch.nn.ModuleList(_ExpertMLP(fc1, fc2) for fc1, fc2 in pairs)
+        expert_weights = ExpertWeights(config, num_local_experts, local_expert_indices)
+        pairs = expert_weights.build()
+        biases = expert_weights.build_biases() if config.add_bias_linear else [(None, None)] * num_local_experts
+        self.local_experts = torch.nn.ModuleList(
+            _ExpertMLP(fc1, fc2, fc1_bias, fc2_bias) for (fc1, fc2), (fc1_bias, fc2_bias) in zip(pairs, biases)
+        )
         self.activation = expert_activation(config)
+        self.etp_size = expert_weights.etp_size
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        fc1 = [expert.linear_fc1.weight for expert in self.local_experts]
-        fc2 = [expert.linear_fc2.weight for expert in self.local_experts]
-        intermediate = grouped_linear(rows, fc1, tokens_per_expert, use_grouped_mm=False)
-        return grouped_linear(self.activation(intermediate), fc2, tokens_per_expert, use_grouped_mm=False)
+        fc1 = [expert.linear_fc1 for expert in self.local_experts]
+        fc2 = [expert.linear_fc2 for expert in self.local_experts]
+        intermediate = grouped_linear(rows, [linear.weight for linear in fc1], tokens_per_expert, False)
+        if self.config.add_bias_linear:
+            intermediate = intermediate + _rows_of(fc1, tokens_per_expert)  # [N, f/etp]
+        output = grouped_linear(self.activation(intermediate), [linear.weight for linear in fc2], tokens_per_expert,
+                                False)
+        if self.config.add_bias_linear:
+            output = _BiasShare.apply(output, _rows_of(fc2, tokens_per_expert), self.etp_size)
+        return output
+
+
+def _rows_of(linears: list, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """Each expert's bias repeated for its rows: [N, width]."""
+    biases = torch.stack([linear.bias for linear in linears])  # [E_local, width]
+    rows = int(tokens_per_expert.sum())  # known on the CPU: no device sync for the output size
+    return torch.repeat_interleave(biases, tokens_per_expert.to(biases.device), dim=0, output_size=rows)
 
 
 class _GroupedWeights(torch.nn.Module):
@@ -163,6 +215,10 @@ class GroupedMLP(MegatronModule):
 
     def __init__(self, num_local_experts: int, config, local_expert_indices: list, submodules=None):
         super().__init__(config)
+        if config.add_bias_linear:
+            raise ValueError("GroupedMLP (--moe-grouped-gemm) has no expert biases, as in Megatron-LM: set "
+                             "add_bias_linear=False (--disable-bias-linear) or use SequentialMLP (no "
+                             "--moe-grouped-gemm)")
         self.num_local_experts = num_local_experts
         pairs = ExpertWeights(config, num_local_experts, local_expert_indices).build()
         self.linear_fc1 = _GroupedWeights([fc1 for fc1, _ in pairs])

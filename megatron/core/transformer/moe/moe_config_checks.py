@@ -100,8 +100,11 @@ def moe_config_problems(config) -> list:
     if shared is not None and shared % config.tensor_model_parallel_size:
         problems.append(f"moe_shared_expert_intermediate_size ({shared}) must be divisible by "
                         f"tensor_model_parallel_size ({config.tensor_model_parallel_size})")
-    if config.add_bias_linear:
-        problems.append("MoE layers have no linear biases here: set add_bias_linear=False (--disable-bias-linear), "
-                        "as Megatron-LM's MoE recipes do")
+    if config.add_bias_linear and config.moe_grouped_gemm:
+        problems.append("moe_grouped_gemm has no expert biases, as in Megatron-LM: set add_bias_linear=False "
+                        "(--disable-bias-linear) or run the experts one by one (moe_grouped_gemm=False)")
+    if config.add_bias_linear and shared is not None:
+        problems.append("shared experts have no biases, as in Megatron-LM: set add_bias_linear=False "
+                        "(--disable-bias-linear) with moe_shared_expert_intermediate_size")
     problems += _layer_freq_problems(config)
     return problems

@@ -40,16 +40,16 @@ def test_moe_run_validates_and_builds_the_config(validated):
 @pytest.mark.parametrize("flags, world, expected", [
     (["--expert-model-parallel-size", "2"], 2, "--expert-model-parallel-size 2 needs --num-experts"),
     (MOE[len(MINIMAL):] + ["--expert-model-parallel-size", "3"], 3, "valid EP sizes: 1, 2, 4"),
-    (["--num-experts", "4"], 1, "add --disable-bias-linear"),
+    (["--num-experts", "4", "--moe-grouped-gemm"], 1, "--moe-grouped-gemm has no expert biases"),
+    (["--num-experts", "4", "--moe-shared-expert-intermediate-size", "64"], 1, "shared experts have no biases"),
     (MOE[len(MINIMAL):] + ["--moe-router-topk", "5"], 1, "--moe-router-topk 5 must be between 1 and --num-experts 4"),
     (MOE[len(MINIMAL):] + ["--moe-router-enable-expert-bias"], 1, "needs --moe-router-score-function sigmoid"),
     (MOE[len(MINIMAL):] + ["--moe-layer-freq", "[1,0,1]"], 1, "--moe-layer-freq has 3 entries but --num-layers is 2"),
     (MOE[len(MINIMAL):] + ["--moe-aux-loss-coeff", "0.1", "0.2"], 1, "combining several load-balancing losses"),
-    (MOE[len(MINIMAL):] + ["--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--ckpt-format",
-                           "torch", "--save", "ckpt", "--save-interval", "5"], 2,
-     "--use-distributed-optimizer with --expert-model-parallel-size > 1 cannot save or load --ckpt-format torch"),
-    (MOE[len(MINIMAL):] + ["--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
-                           "--sequence-parallel"], 2, "--expert-tensor-parallel-size 1 other than"),
+    (MOE[len(MINIMAL):] + ["--expert-tensor-parallel-size", "0"], 1, "--expert-tensor-parallel-size 0 must be at"),
+    (MOE[len(MINIMAL):] + ["--expert-tensor-parallel-size", "2", "--ckpt-format", "torch", "--save", "ckpt",
+                           "--save-interval", "5"], 2,
+     "needs --expert-tensor-parallel-size 2 to divide --tensor-model-parallel-size 1; use --ckpt-format torch_dist"),
 ])
 def test_moe_problems_name_the_flags(problems, monkeypatch, flags, world, expected):
     monkeypatch.setenv("WORLD_SIZE", str(world))

@@ -1,6 +1,6 @@
 """Expert parallelism on 4 CPU ranks equals EP = 1: same losses, same (DDP-reduced) gradients, same logged
-router losses, for both dispatchers, with data parallelism and with TP = 2 (sequence parallel or not,
-expert TP 2 or 1).
+router losses, for both dispatchers, with data parallelism, with TP = 2 (sequence parallel or not,
+expert TP 2 or 1) and with expert TP 2 over TP 1; with expert biases (add_bias_linear) at expert TP 2.
 
 One spawn runs every layout in turn on the same global batch of 4 sequences. Weights come from
 `use_cpu_initialization` (the same full weights whatever the layout); each layout's gradients are
@@ -38,7 +38,15 @@ LAYOUTS = {
     "tp2 ep2 alltoall": dict(tp=2, ep=2, dispatcher="alltoall", routing=Z_LOSS_ONLY),
     "tp2 sp etp1 ep4 alltoall": dict(tp=2, sp=True, ep=4, etp=1, dispatcher="alltoall", routing=Z_LOSS_ONLY),
     "tp2 etp1 ep4 allgather": dict(tp=2, ep=4, etp=1, routing=Z_LOSS_ONLY),
+    "etp2 ep2 alltoall": dict(ep=2, etp=2, dispatcher="alltoall", routing=WITH_DROPPING),
+    "ep1 z bias": dict(routing=Z_LOSS_ONLY, bias=True),
+    "tp2 sp ep2 allgather bias": dict(tp=2, sp=True, ep=2, routing=Z_LOSS_ONLY, bias=True),
 }
+# Biases start at zero. The bias layouts set the output biases (fc2, attention projection: [h], whole on
+# every rank) to a pattern along h (a constant shift would vanish in the next norm), the others (split
+# over TP ranks in some layouts) to a constant, the same in every shard.
+BIAS = 0.05
+OUTPUT_BIASES = ("linear_fc2.bias", "linear_proj.bias")
 
 
 def _global_batch():
@@ -80,7 +88,9 @@ def _assemble(all_entries):
     full = {}
     for name, by_rank in shards.items():
         tp_size, split, stride, _ = by_rank[0]
-        if split is None:
+        if split is None:  # a whole copy on every (expert-)TP rank: the copies' gradients must agree too
+            for _, _, _, grad in by_rank.values():
+                torch.testing.assert_close(grad, by_rank[0][3], msg=f"TP copies of {name} disagree")
             full[name] = by_rank[0][3]
             continue
         # Each rank's shard holds `stride` blocks ([gate_r; up_r]): concatenate block b over ranks, then blocks.
@@ -89,7 +99,7 @@ def _assemble(all_entries):
     return full
 
 
-def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=()):
+def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=(), bias=False):
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp
     )
@@ -97,13 +107,19 @@ def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=
     torch.manual_seed(1234)
     config = TransformerConfig(
         num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_moe_experts=EXPERTS,
-        moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=32, moe_layer_freq=[1, 1],
-        add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu, hidden_dropout=0.0,
+        moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=None if bias else 32, moe_layer_freq=[1, 1],
+        add_bias_linear=bias, gated_linear_unit=True, activation_func=F.silu, hidden_dropout=0.0,
         attention_dropout=0.0, use_cpu_initialization=True, tensor_model_parallel_size=tp, sequence_parallel=sp,
         expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, moe_token_dispatcher_type=dispatcher,
         **dict(routing),
     )
     model = GPTModel(config, get_gpt_decoder_block_spec(config, use_transformer_engine=False), VOCAB, SEQ)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(OUTPUT_BIASES):
+                param.copy_(BIAS * torch.cos(torch.arange(param.numel(), dtype=param.dtype)))
+            elif name.endswith(".bias"):
+                param.fill_(BIAS)
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     rows = slice(dp_rank * BATCH // dp_size, (dp_rank + 1) * BATCH // dp_size)
@@ -148,7 +164,7 @@ def _assert_same(result, reference):
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["ep2 allgather", "ep4 alltoall"])
+@pytest.mark.parametrize("layout", ["ep2 allgather", "ep4 alltoall", "etp2 ep2 alltoall"])
 def test_expert_parallel_with_data_parallel_equals_ep1(results, layout):
     _assert_same(results[layout], results["ep1"])
 
@@ -159,6 +175,13 @@ def test_expert_parallel_with_data_parallel_equals_ep1(results, layout):
 )
 def test_expert_parallel_with_tensor_parallel_equals_ep1(results, layout):
     _assert_same(results[layout], results["ep1 z"])
+
+
+def test_expert_biases_with_expert_tensor_parallel_equal_ep1(results):
+    """Each of the 2 expert-TP ranks adds half of fc2's bias, and both copies get its whole gradient."""
+    _assert_same(results["tp2 sp ep2 allgather bias"], results["ep1 z bias"])
+    grads = results["ep1 z bias"][2]
+    assert torch.count_nonzero(grads["decoder.layers.1.mlp.experts.local_experts.2.linear_fc2.bias"])
 
 
 def test_reference_runs_route_drop_and_log(results):

@@ -29,15 +29,17 @@ def _build(grouped: bool, **overrides):
 
 
 def _expert_weights(state, grouped: bool, expert: int):
+    """(fc1, fc2, fc1 bias, fc2 bias) of one expert; the biases are None where the layer has none."""
     if grouped:
-        return state[f"experts.linear_fc1.weight{expert}"], state[f"experts.linear_fc2.weight{expert}"]
-    return (state[f"experts.local_experts.{expert}.linear_fc1.weight"],
-            state[f"experts.local_experts.{expert}.linear_fc2.weight"])
+        return state[f"experts.linear_fc1.weight{expert}"], state[f"experts.linear_fc2.weight{expert}"], None, None
+    prefix = f"experts.local_experts.{expert}."
+    return tuple(state.get(prefix + name) for name in
+                 ("linear_fc1.weight", "linear_fc2.weight", "linear_fc1.bias", "linear_fc2.bias"))
 
 
-def _swiglu_mlp(x, fc1, fc2):
-    gate, up = (x @ fc1.t()).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ fc2.t()
+def _swiglu_mlp(x, fc1, fc2, fc1_bias=None, fc2_bias=None):
+    gate, up = F.linear(x, fc1, fc1_bias).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, fc2, fc2_bias)
 
 
 def _reference(layer, grouped, x, topk=2):
@@ -62,7 +64,17 @@ def _reference(layer, grouped, x, topk=2):
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("shared", [None, SHARED])
 def test_moe_layer_equals_expert_by_expert_reference(grouped, shared):
-    layer = _build(grouped, moe_shared_expert_intermediate_size=shared)
+    _assert_equals_reference(_build(grouped, moe_shared_expert_intermediate_size=shared), grouped)
+
+
+def test_expert_biases_equal_the_reference():
+    """add_bias_linear (the loop path): fc1 and fc2 biases, drawn at random here, inside each expert."""
+    layer = _build(False, add_bias_linear=True)
+    assert "experts.local_experts.3.linear_fc2.bias" in layer.state_dict()
+    _assert_equals_reference(layer, grouped=False)
+
+
+def _assert_equals_reference(layer, grouped: bool):
     x = torch.randn(5, 3, H, requires_grad=True)
     output, bias = layer(x)
     assert bias is None
