@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from megatron.core.fp8.quantize import quantize_transposed, token_padding
+from megatron.core.fp8.quantize import quantize_transposed
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Scaling
 from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
 
@@ -51,19 +51,20 @@ def _scaled_mm(a, b, scale_a, scale_b, out_dtype, fast_accumulation=False, bias=
 
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool):
+    def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool, weight_gradient: bool):
         in_features, out_features = weight.shape[1], weight.shape[0]
         x = input.reshape(-1, in_features).contiguous()  # [M, K]
-        record, fp8_wgrad = scaling.training, scaling.recipe.wgrad and ctx.needs_input_grad[1]
-        q_x = scaling.quantize(x, INPUT, record, token_padding(x.shape[0]) if fp8_wgrad else None)
+        record, fp8_wgrad = scaling.training, scaling.recipe.wgrad and weight_gradient
+        q_x = scaling.quantize(x, INPUT, record, transpose=fp8_wgrad)
         q_w = scaling.quantize(weight, WEIGHT, record)
         # _scaled_mm adds a bias only to a bf16/fp16 output of the bias' dtype.
         fused_bias = bias if bias is not None and bias.dtype == input.dtype != torch.float32 else None
         output = _scaled_mm(q_x.data, q_w.data.t(), q_x.scale_inv, q_w.scale_inv, input.dtype, True, fused_bias)
         if bias is not None and fused_bias is None:
             output = output + bias
-        # dW's operand: q_X^T [K, M'] for an FP8 dW, else X [M, K].
-        ctx.save_for_backward(q_x.transposed if fp8_wgrad else x, q_x.scale_inv, q_w.scale_inv)
+        # dW's operand: q_X^T [K, M'] for an FP8 dW, else X [M, K] (none for a frozen weight).
+        wgrad_operand = q_x.transposed if fp8_wgrad else x if weight_gradient else None
+        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, q_w.scale_inv)
         # The parameter itself (for main_grad): recomputation hands back copies of saved tensors. The weight
         # scale of the delayed recipe is a view of the scaling state, whose amax rows change in place while
         # other microbatches run (autograd would refuse it as saved); its scale row only changes at the
@@ -78,12 +79,12 @@ class _Fp8Linear(torch.autograd.Function):
         wgrad_operand, x_scale_inv, w_scale_inv = ctx.saved_tensors
         weight, w_scale, scaling = ctx.weight, ctx.weight_scale, ctx.scaling
         dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
-        q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record, token_padding(dy.shape[0]) if ctx.fp8_wgrad else None)
+        q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record, transpose=ctx.fp8_wgrad)
         w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
         grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
         grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight)
         grad_bias = dy.sum(dim=0) if ctx.has_bias else None
-        return grad_input.view(ctx.input_shape), grad_weight, grad_bias, None, None
+        return grad_input.view(ctx.input_shape), grad_weight, grad_bias, None, None, None
 
 
 def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
@@ -113,4 +114,6 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     With `gradient_accumulation_fusion` the weight gradient goes into `weight.main_grad` where DDP set one up."""
     _check_device(input.device)
     accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
-    return _Fp8Linear.apply(input, weight, bias, scaling, accumulate)
+    # Inside the autograd function the grad mode is off and needs_input_grad ignores it: decided here.
+    weight_gradient = torch.is_grad_enabled() and weight.requires_grad
+    return _Fp8Linear.apply(input, weight, bias, scaling, accumulate, weight_gradient)

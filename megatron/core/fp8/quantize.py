@@ -10,7 +10,7 @@ scaling quantization reads x once and writes q (and its transpose, for a dW GEMM
 CPU the same functions run eagerly, which is what the CPU tests exercise.
 
 A dW GEMM sums over tokens, so it takes its operands transposed, [features, tokens], with the token count M
-padded to a multiple of 16 by zero tokens (`transpose_pad` = -M mod 16; zeros add nothing to the sum).
+padded to a multiple of 16 by zero tokens (zeros add nothing to the sum); `transpose=True` asks for that.
 """
 
 from typing import NamedTuple
@@ -31,7 +31,7 @@ class Fp8Tensor(NamedTuple):
     data: torch.Tensor  # float8 [rows, columns]
     scale: torch.Tensor  # 0-dim fp32: data = saturate(x * scale)
     scale_inv: torch.Tensor  # 0-dim fp32: 1 / scale
-    transposed: torch.Tensor | None = None  # float8 [columns, rows padded to 16], contiguous, when asked for
+    transposed: torch.Tensor | None = None  # float8 [columns, rows padded to 16], contiguous, if asked for
 
 
 def saturating_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -48,34 +48,49 @@ def scale_from_amax(amax: torch.Tensor, fp8_max, margin: int, fallback: torch.Te
     return torch.where(torch.isinf(scale), torch.full_like(scale, _FP32_MAX), scale)
 
 
-def token_padding(rows: int) -> int:
-    """Zero tokens that bring `rows` tokens to a multiple of 16."""
-    return -rows % GEMM_ALIGNMENT
+def _transposed_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """saturate(x^T * scale) [columns, rows padded to 16], contiguous, zero-padded. The padding comes from
+    x's shape, so a compiled version serves every token count."""
+    return saturating_cast(F.pad(x.t(), (0, -x.shape[0] % GEMM_ALIGNMENT)), scale, dtype).contiguous()
 
 
-def _transposed_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose_pad: int | None):
-    """saturate(x^T * scale) [columns, rows + transpose_pad], contiguous, zero-padded; None without a pad."""
-    if transpose_pad is None:
-        return None
-    return saturating_cast(F.pad(x.t(), (0, transpose_pad)), scale, dtype).contiguous()
-
-
-@cuda_fuser
-def quantize_with_amax(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose_pad: int | None = None):
-    """(q, q^T or None, 1 / scale, max|x| in fp32) with q = saturate(x * scale): the delayed-scaling cast,
-    which records the amax that later scales are computed from."""
-    transposed = _transposed_cast(x, scale, dtype, transpose_pad)
+def _delayed(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose: bool):
+    transposed = _transposed_cast(x, scale, dtype) if transpose else None
     return saturating_cast(x, scale, dtype), transposed, scale.reciprocal(), x.abs().amax().float()
 
 
-@cuda_fuser
-def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int, transpose_pad: int | None = None):
-    """(q, q^T or None, scale, scale_inv) with the scale from x's own amax (tensorwise recipe; scale 1 for
-    x = 0)."""
+def _current(x: torch.Tensor, dtype: torch.dtype, margin: int, transpose: bool):
     amax = x.abs().amax().float()
     scale = scale_from_amax(amax, FP8_MAX[dtype], margin, torch.ones_like(amax))
-    transposed = _transposed_cast(x, scale, dtype, transpose_pad)
+    transposed = _transposed_cast(x, scale, dtype) if transpose else None
     return saturating_cast(x, scale, dtype), transposed, scale, scale.reciprocal()
+
+
+# One compiled function per kind of call (dynamo keeps a few variants of each: FP8 dtype, static and then
+# dynamic shapes), so none runs out of its recompilation budget.
+@cuda_fuser
+def quantize_with_amax(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """(q, None, 1 / scale, max|x| in fp32) with q = saturate(x * scale): the delayed-scaling cast, which
+    records the amax that later scales are computed from."""
+    return _delayed(x, scale, dtype, transpose=False)
+
+
+@cuda_fuser
+def quantize_with_amax_and_transpose(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """`quantize_with_amax` with q^T for a dW GEMM in place of None."""
+    return _delayed(x, scale, dtype, transpose=True)
+
+
+@cuda_fuser
+def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int):
+    """(q, None, scale, scale_inv) with the scale from x's own amax (tensorwise recipe; scale 1 for x = 0)."""
+    return _current(x, dtype, margin, transpose=False)
+
+
+@cuda_fuser
+def quantize_current_and_transpose(x: torch.Tensor, dtype: torch.dtype, margin: int):
+    """`quantize_current` with q^T for a dW GEMM in place of None."""
+    return _current(x, dtype, margin, transpose=True)
 
 
 @cuda_fuser

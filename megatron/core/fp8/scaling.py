@@ -33,7 +33,15 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.fp8.quantize import FP8_MAX, Fp8Tensor, quantize_current, quantize_with_amax, scale_from_amax
+from megatron.core.fp8.quantize import (
+    FP8_MAX,
+    Fp8Tensor,
+    quantize_current,
+    quantize_current_and_transpose,
+    quantize_with_amax,
+    quantize_with_amax_and_transpose,
+    scale_from_amax,
+)
 from megatron.core.fp8.recipe import Fp8Recipe
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
@@ -54,16 +62,17 @@ class Fp8Scaling(torch.nn.Module):
         else:
             self.meta = None
 
-    def quantize(self, x: torch.Tensor, operand: int, record: bool, transpose_pad: int | None = None) -> Fp8Tensor:
-        """`x` [rows, columns] in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT), with its
-        transpose padded by `transpose_pad` zero rows unless that is None (quantize.py); with `record`, its
-        amax goes into this step's row of the history."""
+    def quantize(self, x: torch.Tensor, operand: int, record: bool, transpose: bool = False) -> Fp8Tensor:
+        """`x` [rows, columns] in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT), with its padded
+        transpose if `transpose` (quantize.py); with `record`, its amax goes into this step's history row."""
         dtype = self.dtypes[operand]
         if not self.recipe.delayed:
-            data, transposed, scale, scale_inv = quantize_current(x, dtype, self.recipe.margin, transpose_pad)
+            current = quantize_current_and_transpose if transpose else quantize_current
+            data, transposed, scale, scale_inv = current(x, dtype, self.recipe.margin)
             return Fp8Tensor(data, scale, scale_inv, transposed)
         scale = self.meta[0, operand]
-        data, transposed, scale_inv, amax = quantize_with_amax(x, scale, dtype, transpose_pad)
+        delayed = quantize_with_amax_and_transpose if transpose else quantize_with_amax
+        data, transposed, scale_inv, amax = delayed(x, scale, dtype)
         if record:
             running = self.meta[1, operand]
             torch.maximum(running, amax, out=running)

@@ -12,7 +12,13 @@ The compiled quantizations equal the eager functions bitwise (1 ulp for the reci
 import pytest
 import torch
 
-from megatron.core.fp8.quantize import quantize_current, quantize_transposed, quantize_with_amax, token_padding
+from megatron.core.fp8.quantize import (
+    quantize_current,
+    quantize_current_and_transpose,
+    quantize_transposed,
+    quantize_with_amax,
+    quantize_with_amax_and_transpose,
+)
 from tests.unit_tests.fp8.test_fp8_linear import CASES, check_against_reference
 
 pytestmark = [
@@ -57,7 +63,8 @@ def test_compiled_quantizations_equal_the_eager_functions(rows, columns, dtype):
             else:  # scales: a reciprocal may round differently
                 torch.testing.assert_close(got, wanted, rtol=2e-7, atol=0)
 
-    for pad in (None, token_padding(rows)):
-        assert_same(quantize_with_amax(x, scale, dtype, pad), quantize_with_amax.eager(x, scale, dtype, pad))
-        assert_same(quantize_current(x, dtype, 1, pad), quantize_current.eager(x, dtype, 1, pad))
+    for delayed in (quantize_with_amax, quantize_with_amax_and_transpose):
+        assert_same(delayed(x, scale, dtype), delayed.eager(x, scale, dtype))
+    for current in (quantize_current, quantize_current_and_transpose):
+        assert_same(current(x, dtype, 1), current.eager(x, dtype, 1))
     assert_same([quantize_transposed(x, scale, dtype)], [quantize_transposed.eager(x, scale, dtype)])
