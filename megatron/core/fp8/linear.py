@@ -40,7 +40,8 @@ def _check_device(device: torch.device) -> None:
     if (major, minor) < (8, 9):
         raise RuntimeError(
             f"FP8 GEMMs (torch._scaled_mm) need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
-            f"Blackwell); {torch.cuda.get_device_name(device)} has {major}.{minor}: train without --fp8-format"
+            f"Blackwell); {torch.cuda.get_device_name(device)} has {major}.{minor}: run without --fp8-format (an FP8 "
+            "checkpoint loads into a bf16 model)"
         )
 
 
@@ -80,11 +81,14 @@ class _Fp8Linear(torch.autograd.Function):
         weight, w_scale, scaling = ctx.weight, ctx.weight_scale, ctx.scaling
         dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
         q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record, transpose=ctx.fp8_wgrad)
-        w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
-        grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
+        grad_input = None
+        if ctx.needs_input_grad[0]:
+            w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
+            grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
+            grad_input = grad_input.view(ctx.input_shape)
         grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight)
         grad_bias = dy.sum(dim=0) if ctx.has_bias else None
-        return grad_input.view(ctx.input_shape), grad_weight, grad_bias, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None
 
 
 def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):

@@ -135,14 +135,17 @@ def test_microbatches_in_flight_as_a_pipeline_schedule_runs_them():
     assert torch.equal(together.meta, one_by_one.meta)
 
 
-def test_frozen_weight_gets_no_gradient():
+def test_only_the_gradients_asked_for():
     x, w, b, dy = _inputs((2, 8), 32, 16)
     scaling = _scaling("e4m3", "delayed", True)
-    x.requires_grad_()
-    fp8_linear(x, w, None, scaling).backward(dy)
-    expected_dx = _reference(x.detach(), w, b, dy, scaling)[1]
-    torch.testing.assert_close(x.grad.float(), expected_dx, rtol=2**-7, atol=2**-7 * expected_dx.abs().max().item())
-    assert w.grad is None
+    _, expected_dx, expected_dw, _ = _reference(x, w, b, dy, scaling)
+    frozen_weight, frozen_input = (x.clone().requires_grad_(), w), (x, torch.nn.Parameter(w.clone()))
+    for inputs, expected in ((frozen_weight, expected_dx), (frozen_input, expected_dw)):
+        fp8_linear(*inputs, None, scaling).backward(dy)
+        grads = [tensor.grad for tensor in inputs]
+        assert sum(grad is None for grad in grads) == 1
+        actual = next(grad for grad in grads if grad is not None).float()
+        torch.testing.assert_close(actual, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("fp8_format, gradient_bound", [("e4m3", 0.06), ("hybrid", 0.12)])
