@@ -1,17 +1,20 @@
 """A checkpoint in Megatron-LM's own torch format, built here from reference 8.1/8.2/8.4 (key names, shapes,
 `checkpoint_version` 3.0, an args Namespace with Megatron's fields), read by the inspector, resharded by
-convert.py, and resumed by `pretrain_gpt.py --load` (finite, falling loss)."""
+convert.py, and resumed by `pretrain_gpt.py --load` (finite, falling loss); an expert-parallel checkpoint of
+pretrain_gpt.py converted to EP=1 and to Hugging Face Mixtral."""
 
 import argparse
 import math
 import os
 
+import pytest
 import torch
 
 from megatron.training.checkpoint_conversion.convert import main as convert
 from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_checkpoint
 
 from .harness import read_scalars, run
+from .test_tensor_parallel_training import LLAMA, NO_DROPOUT, TINY, TOLERANCE, pretrain_gpt
 
 LAYERS, HIDDEN, HEADS, FFN, SEQ, PADDED_VOCAB, ITERATION = 2, 64, 4, 256, 64, 512, 10
 TRAINING = [
@@ -97,3 +100,28 @@ def test_pretrain_gpt_continues_training_from_a_megatron_checkpoint(tmp_path):
     values = [losses[step] for step in sorted(losses)]
     assert all(math.isfinite(value) for value in values)
     assert sum(values[-5:]) / 5 < sum(values[:5]) / 5 - 0.5, values
+
+
+def test_expert_parallel_checkpoint_of_pretrain_gpt_converts_to_ep1_and_mixtral(tmp_path):
+    """A Mixtral-shaped run at EP=2 on 2 processes saves torch-format files mp_rank_00_000/_001 at iteration
+    2; convert.py merges the experts to EP=1, and a one-process run resumed from that checkpoint computes
+    the EP=2 run's loss of iteration 3 (the weights after iteration 2; within 2e-5 relative, as any change
+    of layout); the same checkpoint exports as a MixtralForCausalLM that `transformers` loads."""
+    transformers = pytest.importorskip("transformers")
+    mixtral = TINY + NO_DROPOUT + LLAMA + ["--num-experts", "4", "--moe-router-topk", "2", "--train-iters", "3",
+                                           "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0"]
+    pretrain_gpt(2, mixtral + ["--expert-model-parallel-size", "2", "--save", str(tmp_path / "ep2"),
+                               "--save-interval", "2", "--tensorboard-dir", str(tmp_path / "ep2_tb")])
+    assert sorted(os.listdir(tmp_path / "ep2" / "iter_0000002")) == ["mp_rank_00_000", "mp_rank_00_001"]
+    convert(["--model-type", "GPT", "--load-dir", str(tmp_path / "ep2"), "--save-dir", str(tmp_path / "ep1"),
+             "--ckpt-step", "2", "--target-expert-parallel-size", "1"])
+    pretrain_gpt(1, mixtral + ["--load", str(tmp_path / "ep1"), "--no-load-optim", "--no-load-rng",
+                               "--tensorboard-dir", str(tmp_path / "ep1_tb")])
+    expected, resumed = read_scalars(str(tmp_path / "ep2_tb"), "lm loss"), read_scalars(str(tmp_path / "ep1_tb"),
+                                                                                         "lm loss")
+    assert sorted(resumed) == [3] and resumed[3] == pytest.approx(expected[3], rel=TOLERANCE)
+
+    convert(["--model-type", "GPT", "--saver", "hf", "--load-dir", str(tmp_path / "ep2"), "--save-dir",
+             str(tmp_path / "hf"), "--ckpt-step", "2"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert type(hf).__name__ == "MixtralForCausalLM" and hf.config.num_local_experts == 4
