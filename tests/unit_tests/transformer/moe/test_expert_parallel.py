@@ -4,13 +4,16 @@ expert TP 2 or 1) and with expert TP 2 over TP 1; with expert biases (add_bias_l
 
 One spawn runs every layout in turn on the same global batch of 4 sequences. Weights come from
 `use_cpu_initialization` (the same full weights whatever the layout); each layout's gradients are
-reassembled into full tensors named by global expert index and compared with the EP = 1 run.
+reassembled into full tensors named by global expert index and compared with the EP = 1 run, and the
+Megatron optimizer's gradient norm (dense and expert statistics reduced over their own groups) must be the
+norm of those full gradients: each shard and replica counted once.
 
 Tolerance (fp32): loss and logged router losses 1e-5 relative, gradients 1e-4 relative + 1e-6 absolute;
 measured: losses equal or within 1.1e-7, gradients within 8.5e-7 of the largest entry. With capacity
 factor 1 every layout keeps the same (token, expert) slots: 113 and 116 of 128 in the two layers.
 """
 
+import math
 import re
 
 import pytest
@@ -22,6 +25,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -136,6 +140,9 @@ def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=
     loss = model(tokens, positions, None, labels=labels).mean()
     loss.backward()
     finalize_model_grads([model])
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-3, clip_grad=1.0), [model])
+    optimizer.prepare_main_grads()
+    grad_norm = optimizer.get_grad_norm()  # dense and expert statistics, each reduced over its own groups
     names = moe_aux_loss_names(
         config.moe_router_load_balancing_type, config.moe_aux_loss_coeff, config.moe_z_loss_coeff
     )
@@ -151,6 +158,8 @@ def _run_layout(tp=1, sp=False, ep=1, etp=None, dispatcher="allgather", routing=
     if dist.get_rank() != 0:
         return None
     grads = _assemble([entry for rank in gathered for entry in rank])
+    full_norm = math.sqrt(sum(float(grad.double().square().sum()) for grad in grads.values()))
+    assert grad_norm == pytest.approx(full_norm, rel=1e-5), "each shard and replica must count once"
     return float(mean_loss) / dp_size, logged, grads, kept.tolist()
 
 
