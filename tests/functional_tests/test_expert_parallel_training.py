@@ -7,7 +7,7 @@ Tiny SwiGLU model, 4 experts top-2 with the all-to-all dispatcher, load-balancin
 of the load-balancing loss in both runs (each DP rank's micro-batch is one of the single process's).
 
 Tolerance (test_expert_parallel.py's for losses): `lm loss`, `grad-norm`, `load_balancing_loss` and
-`z_loss` in TensorBoard equal TP=1's within 1e-5 relative at every iteration (fp32; measured <= 5e-7).
+`z_loss` in TensorBoard equal TP=1's within 1e-5 relative at every iteration (fp32; measured <= 8e-7).
 A run resumed from the iteration-2 checkpoint continues bit for bit: losses, and every tensor of every
 `mp_rank_TT_EEE` file at iteration 4.
 """
