@@ -79,7 +79,8 @@ def check_moe(args: argparse.Namespace, problems: list) -> None:
     if args.world_size % expert_model_size:
         problems.append(f"world size {args.world_size} is not divisible by expert TP {etp} x EP {ep} x PP "
                         f"{args.pipeline_model_parallel_size} = {expert_model_size}")
-    if tp % etp and args.ckpt_format == "torch" and (args.save or args.load):
+    torch_files = (args.ckpt_format == "torch" and (args.save or args.load)) or args.ckpt_convert_format == "torch"
+    if tp % etp and torch_files:
         problems.append(f"--ckpt-format torch names each file by tensor and expert rank (mp_rank_TT_EEE), which "
                         f"needs --expert-tensor-parallel-size {etp} to divide --tensor-model-parallel-size {tp}; "
                         f"use --ckpt-format torch_dist")
