@@ -24,7 +24,8 @@ Loss match: the one-GPU run trains 11 iterations and writes a torch_dist checkpo
 draw their initial weights from per-stage seeds, so fresh runs of two layouts do not); both then train the
 same 100 iterations of the same global batch. bf16 runs of two layouts differ by rounding (other GEMM
 splits and reduction orders), so the check is `--loss-rtol` (default 2e-2) on every iteration's lm loss,
-with the largest difference printed; the fp32 equivalence at 1e-4 is tools/bench/parallel_gpu_check.py's.
+relative to the reference loss or to 1 where that is smaller, with the largest difference and both curves
+printed; the fp32 equivalence at 1e-4 is tools/bench/parallel_gpu_check.py's.
 
 Reload: the Llama bf16 run saves at iteration 3 (weights only: 16 GB instead of 144 GB with the optimizer),
 trains on to 5 (and saves again); the reload run starts from the iteration-3 checkpoint (`--ckpt-step 3`) in
@@ -98,12 +99,15 @@ class Runner:
         return output
 
     def check(self, label: str, got: list[float], reference: list[float]) -> None:
-        """Marks the last row with the largest relative lm-loss difference from `reference`."""
-        worst = max((abs(a - b) / abs(b) for a, b in zip(got, reference)), default=float("inf"))
+        """Marks the last row with the largest lm-loss difference from `reference`, relative to the reference
+        loss or to 1 where the loss is below 1 (mock data is learnt down to ~0.01, where a relative
+        difference says nothing); prints both curves, which the table leaves out."""
+        worst = max((abs(a - b) / max(abs(b), 1.0) for a, b in zip(got, reference)), default=float("inf"))
         passed = len(got) == len(reference) > 0 and worst <= self.loss_rtol
         self.ok &= passed
-        self.rows[-1]["check"] = (f"{label}: {len(got)} iterations, max rel diff {worst:.1e} "
+        self.rows[-1]["check"] = (f"{label}: {len(got)} iterations, max diff {worst:.1e} "
                                   f"{'PASSED' if passed else 'FAILED'}")
+        print(f"{self.rows[-1]['check']}\n  got       {got}\n  reference {reference}", file=sys.stderr, flush=True)
 
 
 def median_after_warmup(pattern: str, output: str) -> float | None:
@@ -147,7 +151,9 @@ def gpt_3d(runner: Runner, workdir: str) -> None:
         efficiency = scaled / base
         passed = efficiency >= 0.9
         runner.ok &= passed or runner.tiny  # CPU processes share cores: no scaling to expect
-        runner.rows[-1]["check"] = f"DP scaling 1 -> {n} GPUs: {100 * efficiency:.1f}% {'PASSED' if passed else 'FAILED'}"
+        verdict = "PASSED" if passed else "FAILED"
+        runner.rows[-1]["check"] = f"DP scaling 1 -> {n} GPUs: {100 * efficiency:.1f}% {verdict}"
+        print(runner.rows[-1]["check"], file=sys.stderr, flush=True)
     layout = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2"]
     got = runner.run("GPT 1.3B", f"TP=2 x PP=2 x DP={n // 4}, SP, dist-opt, overlaps", n,
                      gpt + overlap + layout + resume, "gpt")

@@ -90,7 +90,7 @@ def check_against_reference(shape, in_features, out_features, fp8_format, recipe
         assert actual.shape == reference.shape, name
         tolerance = fp32_rtol if actual.dtype == torch.float32 else forward_rtol if name == "Y" else rtol
         torch.testing.assert_close(actual.float(), reference, rtol=tolerance,
-                                   atol=tolerance * reference.abs().max().item(), msg=name)
+                                   atol=tolerance * reference.abs().max().item(), msg=lambda found: f"{name}: {found}")
 
 
 @pytest.mark.parametrize("fp8_format, recipe, wgrad", CASES)

@@ -5,7 +5,11 @@ and an odd token count (the dW GEMM pads it).
 
 Tolerances: dX and a bf16 dW within one bf16 rounding (rtol 2^-7, relative to each entry and to the largest);
 Y within 3e-2, as its GEMM accumulates in cuBLAS' fast mode (Transformer Engine's and torchao's choice for the
-forward; its partial sums keep fewer bits); a dW accumulated in fp32 main_grad within 1e-4 (summation order).
+forward; its partial sums keep fewer bits); a dW accumulated in fp32 main_grad within the same 2^-7: on an
+H100 (2026-11-26) it missed 1e-4 at the 4096-token shapes while the same GEMM's bf16 dW passed 2^-7, as
+Hopper's FP8 tensor cores keep ~14-bit partial sums even where cuBLAS promotes them to fp32 in intervals
+(DeepSeek-V3 report, section 3.3.2), so fp32 main_grad is checked for where dW goes, not for more precision
+than the FP8 GEMM has.
 The compiled quantizations equal the eager functions bitwise (1 ulp for the reciprocal scale).
 """
 
@@ -46,7 +50,7 @@ def test_equals_the_reference_on_the_gpu(shape, fp8_format, recipe, wgrad):
 @pytest.mark.parametrize("wgrad", [True, False])
 def test_weight_gradient_in_main_grad_on_the_gpu(shape, wgrad):
     check_against_reference(*SHAPES[shape], "hybrid", "delayed", wgrad, device="cuda", fusion=True,
-                            forward_rtol=3e-2, fp32_rtol=1e-4)
+                            forward_rtol=3e-2, fp32_rtol=2**-7 if wgrad else 1e-4)
 
 
 @pytest.mark.parametrize("rows, columns", [(4096, 3072), (15, 48), (3072, 16384)])
