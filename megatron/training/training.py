@@ -110,7 +110,7 @@ def pretrain(
             forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start
         )
         if exit_code is not None:
-            _finish_writers()
+            _shut_down()
             sys.exit(exit_code)
         if args.save and iteration != 0 and iteration % args.save_interval != 0:
             save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
@@ -124,7 +124,17 @@ def pretrain(
             f"iteration {iteration} on test set", forward_step_func, test_iterator, model, iteration,
             config, write_to_tensorboard=not args.skip_train,
         )
+    _shut_down()
+
+
+def _shut_down() -> None:
+    """The end of a run that every rank reached (a finished run or a collective exit decision): writers
+    finished, then the process groups destroyed while the interpreter is still whole. Left to interpreter
+    teardown, gloo's worker threads can abort a finished rank ("terminate called without an active
+    exception", pytorch/pytorch#190489; seen once on a 4-process CPU run) and NCCL warns."""
     _finish_writers()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _finish_writers() -> None:
