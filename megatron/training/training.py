@@ -280,7 +280,8 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
 
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None):
     """One optimizer step over `num_microbatches` microbatches. Returns (loss dict, skipped, grad norm,
-    num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP.
+    num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP. Losses and the
+    grad norm may be device tensors: reading them waits for the GPU, which the loop does only to log.
 
     `bad_step_guard` (bad_step.py) may veto the update (skipped, grad norm NaN when something was
     non-finite) or raise BadStepStop."""
@@ -302,7 +303,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     loss_dict = reduce_loss_reports(losses)
     if bad_step_guard is not None and bad_step_guard.inspect(losses, loss_dict, model):
         return loss_dict, 1, bad_step_guard.skipped_grad_norm, None
-    update_successful, grad_norm, num_zeros_in_grad = optimizer.step()
+    update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm()
     if update_successful:
         opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
     return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
@@ -379,7 +380,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
         learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
         training_log(
-            loss_dict, learning_rate, iteration, float(optimizer.get_loss_scale()), skipped_iter,
+            loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
             grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
         )
         if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:

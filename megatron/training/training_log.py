@@ -76,14 +76,17 @@ def training_log(
     loss_dict: dict,
     learning_rate: float,
     iteration: int,
-    loss_scale: float,
+    loss_scale,
     skipped_iter: int,
     grad_norm,
     num_zeros_in_grad,
     params_norm=None,
     decoupled_learning_rate=None,
 ) -> None:
-    """Accumulates this iteration and, every `--log-interval` iterations, prints the console line."""
+    """Accumulates this iteration and, every `--log-interval` iterations, prints the console line.
+
+    `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
+    converted only where written, so an iteration that logs nothing queues no host sync."""
     args, timers = get_args(), get_timers()
     writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
     interval = _interval
@@ -107,7 +110,7 @@ def training_log(
         if args.log_learning_rate_to_tensorboard:
             scalars["learning-rate"] = learning_rate
         if args.log_loss_scale_to_tensorboard:
-            scalars["loss-scale"] = loss_scale
+            scalars["loss-scale"] = float(loss_scale)
         scalars.update({key: float(value) for key, value in loss_dict.items()})
         if grad_norm is not None:
             scalars["grad-norm"] = float(grad_norm)
@@ -159,7 +162,7 @@ def training_log(
         average = float(total) / max(interval.advanced, 1)
         if average > 0.0:
             fields.append(f"{key}: {average:.6E}")
-    fields.append(f"loss scale: {loss_scale:.1f}")
+    fields.append(f"loss scale: {float(loss_scale):.1f}")
     if grad_norm is not None:
         fields.append(f"grad norm: {float(grad_norm):.3f}")
     if num_zeros_in_grad is not None:

@@ -144,11 +144,22 @@ class MegatronOptimizer(ABC):
 
     @torch.no_grad()
     def step(self):
-        """One update; returns `(update_successful, grad_norm, num_zeros_in_grad)`.
+        """One update; returns `(update_successful, grad_norm, num_zeros_in_grad)`, grad_norm a float.
 
         On an fp16 overflow nothing is updated and `(False, None, None)` comes back. The gradient norm
         is computed (and reported) even when clipping is off (`clip_grad == 0`).
         """
+        update_successful, grad_norm, num_zeros_in_grad = self.step_with_device_grad_norm()
+        if isinstance(grad_norm, torch.Tensor):
+            grad_norm = grad_norm.item()
+        return update_successful, grad_norm, num_zeros_in_grad
+
+    @torch.no_grad()
+    def step_with_device_grad_norm(self):
+        """`step()` without its host sync at the end: where the fused Adam kernel clips (below), grad_norm
+        comes back as a 1-element tensor on the device, queued behind the update, so the host can go on
+        queueing the next iteration while the GPU still runs this update (pretrain()'s loop reads it only
+        when it logs). Elsewhere it returns what `step()` returns."""
         if self.prepare_grads():
             return False, None, None
         inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
@@ -156,8 +167,7 @@ class MegatronOptimizer(ABC):
         with self._timed("optimizer-clip-main-grad"):
             if clip_in_update:
                 # The fused Adam kernel divides every gradient by `grad_scale` as it reads it, so clipping
-                # by max_norm / (norm + 1e-6) costs no pass of its own and the norm is read only after the
-                # update is queued (one host sync per step, at its end).
+                # by max_norm / (norm + 1e-6) costs no pass of its own and no host sync.
                 norm = grad_norm_fp32_tensor(
                     self.get_main_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
                 )
@@ -174,7 +184,7 @@ class MegatronOptimizer(ABC):
             if clip_in_update:
                 del self.optimizer.grad_scale
         if clip_in_update:
-            grad_norm = norm.item()
+            grad_norm = norm
         return update_successful, grad_norm, num_zeros_in_grad
 
     @torch.no_grad()

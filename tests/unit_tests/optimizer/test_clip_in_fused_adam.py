@@ -1,5 +1,6 @@
 """Gradient clipping folded into the fused Adam kernel (its `grad_scale`) updates the weights exactly as
-`torch.nn.utils.clip_grad_norm_` followed by a plain AdamW step, and reports the same norm."""
+`torch.nn.utils.clip_grad_norm_` followed by a plain AdamW step, and reports the same norm: a float from
+`step()`, an unread 1-element tensor from `step_with_device_grad_norm()` (what pretrain()'s loop calls)."""
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ def _grads(model, step, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [10.0, 1e-3])  # clipped, and below the threshold (no clipping)
-def test_clip_in_fused_adamw_equals_clip_then_adamw(dtype, scale):
+@pytest.mark.parametrize("device_grad_norm", [False, True])
+def test_clip_in_fused_adamw_equals_clip_then_adamw(dtype, scale, device_grad_norm):
     ours_model, reference_model = _model(dtype), _model(torch.float32)
     reference_model.load_state_dict({k: v.float() for k, v in ours_model.state_dict().items()})
     adam = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
@@ -37,11 +39,11 @@ def test_clip_in_fused_adamw_equals_clip_then_adamw(dtype, scale):
             param.main_grad = grad.clone()
         for param, grad in zip(reference_model.parameters(), grads):
             param.grad = grad.clone()
-        ok, grad_norm, _ = ours.step()
+        ok, grad_norm, _ = ours.step_with_device_grad_norm() if device_grad_norm else ours.step()
         expected_norm = torch.nn.utils.clip_grad_norm_(reference_model.parameters(), 1.0).item()
         reference.step()
-        assert ok and isinstance(grad_norm, float)
-        assert grad_norm == pytest.approx(expected_norm, rel=1e-5)
+        assert ok and isinstance(grad_norm, torch.Tensor if device_grad_norm else float)
+        assert float(grad_norm) == pytest.approx(expected_norm, rel=1e-5)
         assert not hasattr(inner, "grad_scale")
     main_params = [group["params"] for group in inner.param_groups][0]
     for mine, theirs in zip(main_params, reference_model.parameters()):
