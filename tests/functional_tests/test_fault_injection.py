@@ -22,6 +22,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,6 +33,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from .harness import ROOT, read_scalars
 
 TRAIN_ITERS = 10
+JOB_TIMEOUT_S, SURVIVOR_GRACE_S = 180, 60
 MODEL = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -85,9 +88,30 @@ class Job:
                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
     def wait(self, already_read: str = "") -> tuple[list, str]:
-        """(exit code of each process, their output)."""
-        outputs = [process.communicate(timeout=180)[0] for process in self.processes]
-        return [process.returncode for process in self.processes], already_read + "".join(outputs)
+        """(exit code of each process, their output). Once a rank has failed, the others get SURVIVOR_GRACE_S
+        to end on their own and are then killed, as torchrun's agent stops the rest of a job whose worker
+        failed: gloo usually reports a dead peer at once, but a survivor was once seen hanging instead (in
+        a full-suite run on 2 cores), and in a real job the launcher, not the survivor, ends it."""
+        outputs = [[] for _ in self.processes]
+        readers = [threading.Thread(target=lambda process=process, output=output: output.append(process.stdout.read()))
+                   for process, output in zip(self.processes, outputs)]
+        for reader in readers:
+            reader.start()
+        started, failed_at = time.monotonic(), None
+        while any(process.poll() is None for process in self.processes):
+            now = time.monotonic()
+            if failed_at is None and any(process.returncode not in (None, 0) for process in self.processes):
+                failed_at = now
+            if now - started > JOB_TIMEOUT_S or (failed_at is not None and now - failed_at > SURVIVOR_GRACE_S):
+                for process in self.processes:
+                    if process.poll() is None:
+                        process.kill()
+            time.sleep(0.2)
+        for reader in readers:
+            reader.join()
+        output = already_read + "".join(text for text, in outputs)
+        assert time.monotonic() - started <= JOB_TIMEOUT_S + 5, f"ran past {JOB_TIMEOUT_S} s: {output[-3000:]}"
+        return [process.returncode for process in self.processes], output
 
 
 def _latest(save_dir) -> int:
