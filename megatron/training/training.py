@@ -6,6 +6,7 @@ initialise -> build model, optimizer, scheduler (and resume) -> build data itera
 every --eval-interval and saving every --save-interval -> final save -> validation and test.
 """
 
+import gc
 import inspect
 import sys
 import time
@@ -79,6 +80,18 @@ def pretrain(
         get_position_embedding_ranks=get_position_embedding_ranks,
         parsed_args=parsed_args,
     )
+    exit_code = _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model_type,
+                                    forward_step_func, start)
+    _shut_down()
+    if exit_code is not None:
+        sys.exit(exit_code)
+
+
+def _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
+                        start: float) -> int | None:
+    """Everything that holds the model, from its construction to the final evaluation; returns the exit code
+    of a run that stopped early (a collective decision), None for one that ran to its end. The model and
+    optimizer die with this frame, so _shut_down can free their process groups."""
     args, timers = get_args(), get_timers()
     startup = torch.tensor([time.time() - start], dtype=torch.double, device=parallel_state.collective_device())
     dist.all_reduce(startup, op=dist.ReduceOp.MAX)
@@ -110,8 +123,7 @@ def pretrain(
             forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start
         )
         if exit_code is not None:
-            _shut_down()
-            sys.exit(exit_code)
+            return exit_code
         if args.save and iteration != 0 and iteration % args.save_interval != 0:
             save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
     if args.do_valid:
@@ -124,17 +136,27 @@ def pretrain(
             f"iteration {iteration} on test set", forward_step_func, test_iterator, model, iteration,
             config, write_to_tensorboard=not args.skip_train,
         )
-    _shut_down()
+    return None
 
 
 def _shut_down() -> None:
     """The end of a run that every rank reached (a finished run or a collective exit decision): writers
-    finished, then the process groups destroyed while the interpreter is still whole. Left to interpreter
-    teardown, gloo's worker threads can abort a finished rank ("terminate called without an active
-    exception", pytorch/pytorch#190489; seen once on a 4-process CPU run) and NCCL warns."""
+    finished, every rank past its last collective, then the process groups destroyed and freed while the
+    interpreter is still whole.
+
+    destroy_process_group alone frees no gloo group that something still references, and a gloo worker thread
+    releases a finished collective's tensors a moment after the caller's wait() returned. A release that
+    falls into interpreter teardown needs the GIL there and aborts the rank ("terminate called without an
+    active exception" in ~AsyncAllgatherWork, seen in CI on a loaded 2-core machine; pytorch/pytorch#190489).
+    Freeing the last reference to a group instead joins its worker threads, so this drops ours: the model
+    and optimizer (gone with _train_and_evaluate's frame), parallel_state's groups, then a collection pass.
+    tests/functional_tests/test_process_exit.py checks that no gloo worker thread is left."""
     _finish_writers()
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+    parallel_state.destroy_model_parallel()
+    gc.collect()
 
 
 def _finish_writers() -> None:

@@ -14,6 +14,7 @@ metadata.json is written last, so a directory without it was never completely wr
 import copy
 import json
 import os
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -43,8 +44,9 @@ CHECKPOINT_METADATA = {
 }
 
 _SHARDED = (ShardedTensor, ShardedObject)
-# (world group it was made under, the gloo group DCP uses): remade when torch.distributed is re-initialised.
-_checkpoint_group = (None, None)
+# world group -> the gloo group DCP uses under it: remade when torch.distributed is re-initialised, and freed
+# (its worker threads joined) with the world group once destroy_process_group has dropped that.
+_checkpoint_groups = weakref.WeakKeyDictionary()
 
 
 def _is_sharded(value) -> bool:
@@ -86,12 +88,12 @@ def _merge_loaded(state_dict: dict, common: dict, objects: Dict[str, object]) ->
 def _process_group():
     """The group DCP's planning collectives run over: the world, through gloo (DCP exchanges pickled
     plans, and a background save needs a group of its own). Created by the first call, on all ranks."""
-    global _checkpoint_group
     if not dist.is_initialized():
         return None
-    if _checkpoint_group[0] is not dist.group.WORLD:
-        _checkpoint_group = (dist.group.WORLD, dist.new_group(backend="gloo"))
-    return _checkpoint_group[1]
+    world = dist.group.WORLD
+    if world not in _checkpoint_groups:
+        _checkpoint_groups[world] = dist.new_group(backend="gloo")
+    return _checkpoint_groups[world]
 
 
 def _is_writer_of_common() -> bool:

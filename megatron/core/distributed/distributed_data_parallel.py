@@ -24,6 +24,7 @@ of the next forward (see param_and_grad_bucket.py).
 """
 
 import logging
+import weakref
 from contextlib import contextmanager
 from typing import Dict, List
 
@@ -63,6 +64,19 @@ def default_bucket_size(ddp_config: DistributedDataParallelConfig, data_parallel
     if ddp_config.bucket_size is not None:
         return ddp_config.bucket_size
     return max(40_000_000, 1_000_000 * data_parallel_size)
+
+
+def _weak_method(method):
+    """`method` without a strong reference to its object. A parameter's hook that held this DDP would form a
+    cycle (DDP -> module -> param -> hook -> DDP) that the garbage collector does not break (a tensor that C++
+    also holds is not traversed), so the model, its buffers and its process groups (with their gloo worker
+    threads) would live until interpreter teardown."""
+    weak = weakref.WeakMethod(method)
+
+    def call(*args):
+        return weak()(*args)
+
+    return call
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -124,9 +138,10 @@ class DistributedDataParallel(torch.nn.Module):
 
         self._grad_sync_enabled = True
         self._hook_handles = []
+        gradient_hook = _weak_method(self._gradient_hook)
         for param in self.params_with_grad:
             param.grad_added_to_main_grad = False
-            self._hook_handles.append(param.register_post_accumulate_grad_hook(self._gradient_hook))
+            self._hook_handles.append(param.register_post_accumulate_grad_hook(gradient_hook))
         self.use_forward_hook = ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather
         self._forward_pre_hook_handles = []
         if self.use_forward_hook:

@@ -15,12 +15,15 @@ prev, receive next). Sends and receives between the same two ranks are matched i
 posted, so this order pairs them correctly even with two stages, where next and prev are the same rank.
 """
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
 
-_READY_GROUPS = set()
+# Weak: a destroyed group is forgotten, and this set does not keep its worker threads alive.
+_READY_GROUPS = weakref.WeakSet()
 
 
 def pipeline_tensor_shape(config, seq_length: int, micro_batch_size: int) -> tuple[int, int, int]:
