@@ -71,10 +71,14 @@ def _weak_method(method):
     cycle (DDP -> module -> param -> hook -> DDP) that the garbage collector does not break (a tensor that C++
     also holds is not traversed), so the model, its buffers and its process groups (with their gloo worker
     threads) would live until interpreter teardown."""
-    weak = weakref.WeakMethod(method)
+    weak, name = weakref.WeakMethod(method), method.__qualname__  # the closure must not hold `method`
 
     def call(*args):
-        return weak()(*args)
+        bound = weak()
+        if bound is None:
+            raise RuntimeError(f"{name} runs for a parameter whose DistributedDataParallel wrapper was freed: "
+                               "keep a reference to the wrapper while its module trains")
+        return bound(*args)
 
     return call
 

@@ -1,6 +1,8 @@
 """DistributedDataParallel: data-parallel training equals one process on the concatenated batch."""
 
 import copy
+import gc
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -72,6 +74,22 @@ def test_backward_accumulates_into_main_grad_and_frees_grad(single_rank_groups):
         torch.testing.assert_close(param.main_grad, reference_param.grad.float(), rtol=2e-2, atol=2e-2)
     ddp.zero_grad_buffer()
     assert all(param.main_grad.abs().sum() == 0 for param in model.parameters())
+
+
+def test_a_dropped_wrapper_is_freed_and_its_hooks_then_say_so(single_rank_groups):
+    """The parameters' hooks hold DDP weakly: dropping the wrapper frees it (and the process groups it holds)
+    without waiting for interpreter teardown; a backward through the bare module afterwards is an error that
+    names the cause, not a silent skip of the main_grad accumulation."""
+    model = MLP()
+    ddp = DistributedDataParallel(MODEL_CONFIG, DistributedDataParallelConfig(), model)
+    x, y = batch(0)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    wrapper = weakref.ref(ddp)
+    del ddp
+    gc.collect()
+    assert wrapper() is None
+    with pytest.raises(RuntimeError, match="DistributedDataParallel wrapper was freed"):
+        torch.nn.functional.mse_loss(model(x), y).backward()
 
 
 def test_grad_aliasing_main_grad_is_not_added_twice(single_rank_groups):
