@@ -151,15 +151,6 @@ def _shut_down() -> None:
     Freeing the last reference to a group instead joins its worker threads, so this drops ours: the model
     and optimizer (gone with _train_and_evaluate's frame), parallel_state's groups, then a collection pass.
     tests/functional_tests/test_process_exit.py checks that no gloo worker thread is left."""
-    _finish_writers()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    parallel_state.destroy_model_parallel()
-    gc.collect()
-
-
-def _finish_writers() -> None:
     # A checkpoint still being written in the background (--async-save) becomes "latest" here.
     finalize_async_save(blocking=True)
     writer = get_tensorboard_writer()
@@ -168,6 +159,11 @@ def _finish_writers() -> None:
     wandb_writer = get_wandb_writer()
     if wandb_writer is not None:
         wandb_writer.finish()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    parallel_state.destroy_model_parallel()
+    gc.collect()
 
 
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:

@@ -52,7 +52,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel_gpu_check import GPT_1_3B, LONG_1_3B, MOCK, ROOT, losses, train  # noqa: E402
+from parallel_gpu_check import DP2, GPT_1_3B, MOCK, ROOT, long_sequence, losses, train  # noqa: E402
 
 BASE = [flag for flag in MOCK if flag != "--use-cpu-initialization"]
 LOG = ["--log-interval", "1"]
@@ -150,7 +150,7 @@ def gpt_3d(runner: Runner, workdir: str) -> None:
     n = runner.gpus
     start = os.path.join(workdir, "gpt_start")
     gpt = GPT_1_3B + LOG + ["--micro-batch-size", "4"]
-    overlap = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    overlap = DP2  # the distributed optimizer with both overlaps
     runner.run("GPT 1.3B", "1 GPU (scaling base; writes the start checkpoint)", 1,
                gpt + ["--global-batch-size", "16", "--train-iters", "11", "--save", start, "--save-interval", "11",
                       "--ckpt-format", "torch_dist", "--no-save-optim"], "gpt")
@@ -212,8 +212,8 @@ def moe(runner: Runner) -> None:
 def long_context(runner: Runner) -> None:
     n = runner.gpus
     runner.run("GPT 1.3B + RoPE, seq 32768", f"CP=4 x DP={n // 4}", n,
-               LONG_1_3B + ["--seq-length", "32768", "--max-position-embeddings", "32768", "--context-parallel-size",
-                            "4", "--global-batch-size", str(n // 4), "--train-iters", "5"], "long")
+               long_sequence(32768) + ["--context-parallel-size", "4", "--global-batch-size", str(n // 4),
+                                       "--train-iters", "5"], "long")
 
 
 def table(rows: list[dict]) -> str:
