@@ -49,6 +49,7 @@ from megatron.training.global_vars import (
 from megatron.training.initialize import initialize_megatron
 from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
+from megatron.training.profiling import LoopInstrumentation, empty_unused_memory, start_memory_history
 from megatron.training.training_log import num_floating_point_operations, training_log
 
 
@@ -97,6 +98,7 @@ def _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model
     dist.all_reduce(startup, op=dist.ReduceOp.MAX)
     print_rank_0(f"time to initialize megatron (seconds): {startup.item():.3f}")
 
+    start_memory_history(args)
     timers("model-and-optimizer-setup", log_level=0).start(barrier=True)
     model, optimizer, opt_param_scheduler = setup_model_and_optimizer(model_provider, model_type)
     timers("model-and-optimizer-setup").stop()
@@ -318,10 +320,12 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         decoder_seq_length=args.decoder_seq_length,
         forward_only=False,
     )
+    empty_unused_memory(args, level=1)
     loss_dict = reduce_loss_reports(losses)
     if bad_step_guard is not None and bad_step_guard.inspect(losses, loss_dict, model):
         return loss_dict, 1, bad_step_guard.skipped_grad_norm, None
     update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm()
+    empty_unused_memory(args, level=2)
     if update_successful:
         opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
     return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
@@ -383,33 +387,40 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         progress_log.checkpoint_saved(iteration, args)
         timers("interval-time", log_level=0).start(barrier=True)
 
+    instrumentation = LoopInstrumentation(args)
     timers("interval-time", log_level=0).start(barrier=True)
-    while iteration < args.train_iters:
-        update_num_microbatches(args.consumed_train_samples, consistency_check=True)
-        try:
-            loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
-                forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard
+    try:
+        while iteration < args.train_iters:
+            update_num_microbatches(args.consumed_train_samples, consistency_check=True)
+            instrumentation.before_iteration(iteration + 1)
+            try:
+                loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
+                    forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard
+                )
+            except BadStepStop as stop:
+                return iteration, stop_on_bad_step(stop, save if args.save else None)
+            iteration += 1
+            batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
+            args.consumed_train_samples += batch_size
+            args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
+            learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
+            training_log(
+                loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
+                grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
             )
-        except BadStepStop as stop:
-            return iteration, stop_on_bad_step(stop, save if args.save else None)
-        iteration += 1
-        batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
-        args.consumed_train_samples += batch_size
-        args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
-        learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
-        training_log(
-            loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
-            grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
-        )
-        if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
-            timers("interval-time").stop()
-            evaluate_and_print_results(
-                f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
-            )
-            timers("interval-time", log_level=0).start(barrier=True)
-        if args.async_save:
-            finalize_async_save(blocking=False)  # a finished background save becomes "latest" now, not at the next
-        exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
-        if exit_code is not None:
-            return iteration, exit_code
-    return iteration, None
+            instrumentation.after_iteration(iteration)
+            if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
+                timers("interval-time").stop()
+                with instrumentation.evaluation():
+                    evaluate_and_print_results(
+                        f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
+                    )
+                timers("interval-time", log_level=0).start(barrier=True)
+            if args.async_save:
+                finalize_async_save(blocking=False)  # a finished background save becomes "latest" now, not at the next
+            exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
+            if exit_code is not None:
+                return iteration, exit_code
+        return iteration, None
+    finally:
+        instrumentation.finish()

@@ -16,6 +16,7 @@ from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+from megatron.training.profiling import dump_memory_snapshot
 from megatron.training.progress import progress_bar
 
 # Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
@@ -129,6 +130,7 @@ def training_log(
     if iteration % args.log_interval != 0:
         return
 
+    dump_memory_snapshot(args)
     iterations = interval.advanced + interval.skipped
     elapsed = timers("interval-time").elapsed(barrier=True)
     seconds_per_iteration = elapsed / max(iterations, 1)

@@ -124,6 +124,14 @@ def _check_checkpointing(args, problems) -> None:
         args.exit_on_missing_checkpoint = True
 
 
+def _check_profiling(args, problems) -> None:
+    if args.profile and args.profile_step_end <= args.profile_step_start:
+        problems.append(f"--profile-step-end {args.profile_step_end} must be above --profile-step-start "
+                        f"{args.profile_step_start} (iterations start to end - 1 are profiled)")
+    if args.manual_gc_interval < 0:
+        problems.append(f"--manual-gc-interval {args.manual_gc_interval} must be >= 0")
+
+
 def _start_counters(args) -> None:
     args.consumed_train_samples = 0
     args.skipped_train_samples = 0
@@ -161,6 +169,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     _check_data(args, problems)
     _check_checkpointing(args, problems)
     check_resilience(args, problems)
+    _check_profiling(args, problems)
     _start_counters(args)
     problems.extend(find_unsupported(args))
     if problems:
