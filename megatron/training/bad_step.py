@@ -61,7 +61,9 @@ class BadStepGuard:
         self.skip_budget = args.bad_step_skip_budget
         self.spike_factor = args.spiky_loss_factor
         self.spike_window = args.spiky_loss_window
-        self.grads_before_reduction = not args.overlap_grad_reduce
+        # With --overlap-grad-reduce the reduction starts inside backward, and a full-iteration CUDA graph
+        # replays backward and reduction without running this Python: both are checked after the step.
+        self.grads_before_reduction = not (args.overlap_grad_reduce or args.cuda_graph_impl == "full_iteration")
         self.iteration = start_iteration
         self.skipped = 0
         self.recent_losses = []
@@ -88,8 +90,12 @@ class BadStepGuard:
 
     @staticmethod
     def _gradients_finite(model: list) -> torch.Tensor:
+        """One check per contiguous gradient buffer of a DDP-wrapped chunk, one per parameter otherwise."""
         grads = []
         for chunk in model:
+            if hasattr(chunk, "main_grad_buffers"):
+                grads.extend(chunk.main_grad_buffers())
+                continue
             for param in chunk.parameters():
                 grad = getattr(param, "main_grad", None)
                 grads.append(grad if grad is not None else param.grad)

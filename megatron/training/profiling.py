@@ -5,7 +5,8 @@
                                     cudaProfilerStart/Stop (run under `nsys profile --capture-range=cudaProfilerApi
                                     --capture-range-end=stop`), or with torch.profiler given
     --use-pytorch-profiler          a Chrome trace per rank in `<tensorboard-dir>/../torch_profile/rank-N.json.gz`
-                                    (`./torch_profile` without --tensorboard-dir), plus one console line per rank
+                                    (`./torch_profile` without --tensorboard-dir), the kernels with the most
+                                    device time beside it (`rank-N.kernels.txt`), and one console line per rank
                                     saying where the profiled steps' GPU time went (kernel classes, GPU busy)
     --record-memory-history         the CUDA allocator's history from start-up on the profiled ranks, dumped to
                                     `<--memory-snapshot-path base>_<rank><ext>` at every logged iteration (and on
@@ -70,6 +71,18 @@ def summarize_kernels(prof, steps: int, wall_ms: float, title: str) -> str:
         f"{title}: wall {wall_ms:.1f} ms/step, kernels {kernel_ms:.1f} ms (GPU busy {kernel_ms / wall_ms:.0%}), "
         f"{launches // steps} launches/step | ms/step: {classes}"
     )
+
+
+def top_kernels(prof, steps: int, limit: int = 40) -> str:
+    """The `limit` CUDA kernels with the most device time: ms per step, launches per step, class, name."""
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or 0
+        if device_us > 0 and event.device_type == torch.autograd.DeviceType.CUDA and not event.key.startswith(_ANNOTATIONS):
+            rows.append((device_us / 1e3 / steps, event.count / steps, kernel_class(event.key), event.key))
+    rows.sort(reverse=True)
+    lines = [f"{ms:8.3f} ms {count:6.1f}x  {label:9s} {name[:140]}" for ms, count, label, name in rows[:limit]]
+    return "\n".join(["  ms/step  launches  class     kernel", *lines])
 
 
 def _rank() -> int:
@@ -187,6 +200,8 @@ class LoopInstrumentation:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"rank-{_rank()}.json.gz")
         self.torch_profiler.export_chrome_trace(path)
+        with open(os.path.join(directory, f"rank-{_rank()}.kernels.txt"), "w") as table:
+            table.write(top_kernels(self.torch_profiler, steps) + "\n")
         title = f"profile of iterations {self.args.profile_step_start}-{self.args.profile_step_end - 1}, rank {_rank()}"
         print(f"{summarize_kernels(self.torch_profiler, steps, wall_ms / steps, title)}; trace: {path}", flush=True)
         self.torch_profiler = None

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.num_microbatches_calculator import (
     get_current_global_batch_size,
     get_num_microbatches,
@@ -298,19 +299,21 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
     return model, optimizer, opt_param_scheduler
 
 
-def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None):
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None,
+               forward_backward_func=None):
     """One optimizer step over `num_microbatches` microbatches. Returns (loss dict, skipped, grad norm,
     num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP. Losses and the
     grad norm may be device tensors: reading them waits for the GPU, which the loop does only to log.
 
     `bad_step_guard` (bad_step.py) may veto the update (skipped, grad norm NaN when something was
-    non-finite) or raise BadStepStop."""
+    non-finite) or raise BadStepStop. `forward_backward_func` defaults to the schedule of the parallel
+    layout (the loop passes it wrapped in a full-iteration CUDA graph with --cuda-graph-impl full_iteration)."""
     args = get_args()
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     set_aux_loss_scale(config, get_num_microbatches())
-    losses = get_forward_backward_func()(
+    losses = (forward_backward_func or get_forward_backward_func())(
         forward_step_func=forward_step_func,
         data_iterator=data_iterator,
         model=model,
@@ -387,6 +390,9 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         progress_log.checkpoint_saved(iteration, args)
         timers("interval-time", log_level=0).start(barrier=True)
 
+    forward_backward_func = get_forward_backward_func()
+    if args.cuda_graph_impl == "full_iteration":
+        forward_backward_func = FullCudaGraphWrapper(forward_backward_func, args.cuda_graph_warmup_steps)
     instrumentation = LoopInstrumentation(args)
     timers("interval-time", log_level=0).start(barrier=True)
     try:
@@ -395,7 +401,8 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
             instrumentation.before_iteration(iteration + 1)
             try:
                 loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
-                    forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard
+                    forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard,
+                    forward_backward_func,
                 )
             except BadStepStop as stop:
                 return iteration, stop_on_bad_step(stop, save if args.save else None)

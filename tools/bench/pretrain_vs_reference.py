@@ -41,7 +41,8 @@ _PROFILE = re.compile(r"^profile of iterations .*$", re.MULTILINE)
 
 
 def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool) -> dict:
-    """Trains `name` with pretrain_gpt.py (+ `extra` flags); tokens/s, peak GiB and the profile line."""
+    """Trains `name` with pretrain_gpt.py (+ `extra` flags); tokens/s, peak GiB and the profile line (with
+    the top kernels' table under "kernels")."""
     flags = f"{COMMON} {CONFIGS[name][0]} --global-batch-size {_micro_batch(name, extra)} {extra}"
     flags = flags.replace("--train-iters 1000", f"--train-iters {iters}")
     flags += f" --log-interval {LOG_INTERVAL}"
@@ -51,6 +52,8 @@ def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool) -> dict:
                       f" --tensorboard-dir {scratch}/tb")
         done = subprocess.run([sys.executable, "pretrain_gpt.py", *shlex.split(flags)], cwd=ROOT,
                               capture_output=True, text=True)
+        kernels_path = os.path.join(scratch, "torch_profile", "rank-0.kernels.txt")
+        kernels = open(kernels_path).read() if os.path.exists(kernels_path) else ""
     output = done.stdout + done.stderr
     if done.returncode != 0:
         error = "out of memory" if "OutOfMemoryError" in output else f"exit {done.returncode}"
@@ -66,6 +69,7 @@ def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool) -> dict:
     profile_lines = _PROFILE.findall(output)
     if profile_lines:
         result["profile"] = profile_lines[0]
+        result["kernels"] = "\n".join(kernels.splitlines()[:26])
     return result
 
 
@@ -136,6 +140,8 @@ def main() -> int:
             for who, result in (("ours", ours), ("reference", reference)):
                 if "profile" in result:
                     print(f"{name} {label} {who}: {result['profile']}", flush=True)
+                if "kernels" in result:
+                    print(result["kernels"], flush=True)
             ratio = (f"{ours['tokens_per_s'] / reference['tokens_per_s']:.2f}x"
                      if "error" not in ours and "error" not in reference else "")
             rows.append(f"| {name} | {label.strip()} | {micro_batch} | {_cell(ours, 'tokens_per_s', 1e3, 1, 'k')} | "

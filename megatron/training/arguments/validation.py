@@ -11,6 +11,7 @@ import torch
 
 from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
+from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_fp8 import check_fp8
@@ -166,6 +167,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     check_learning_rate(args, problems)
     _derive_precision(args, problems)
     check_fp8(args, problems)
+    check_cuda_graph(args, problems)
     _check_data(args, problems)
     _check_checkpointing(args, problems)
     check_resilience(args, problems)
