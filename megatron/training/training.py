@@ -10,6 +10,7 @@ import gc
 import inspect
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -325,13 +326,19 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     )
     empty_unused_memory(args, level=1)
     loss_dict = reduce_loss_reports(losses)
-    if bad_step_guard is not None and bad_step_guard.inspect(losses, loss_dict, model):
-        return loss_dict, 1, bad_step_guard.skipped_grad_norm, None
-    update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm()
+    increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+    veto = None
+    if bad_step_guard is not None and bad_step_guard.enabled:
+        veto = partial(bad_step_guard.check, losses, loss_dict, scheduler_increment=increment)
+    update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm(veto=veto)
     empty_unused_memory(args, level=2)
-    if update_successful:
-        opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
-    return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
+    if not update_successful:
+        # A bad step vetoed at once comes back with its norm, an fp16 overflow without one.
+        return loss_dict, 1, (bad_step_guard.skipped_grad_norm if grad_norm is not None else None), None
+    opt_param_scheduler.step(increment=increment)
+    # A verdict left on the device (bad_step.py) is this step's "skipped" flag, counted without reading it.
+    device_veto = bad_step_guard.device_veto if bad_step_guard is not None else None
+    return loss_dict, (device_veto if device_veto is not None else 0), grad_norm, num_zeros_in_grad
 
 
 def reduce_loss_reports(reports: list) -> dict:
@@ -375,12 +382,16 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
     exit_conditions = ExitConditions(args, start_time)
 
     iteration = args.iteration
-    bad_step_guard = BadStepGuard(args, iteration)
+    bad_step_guard = BadStepGuard(args, iteration, optimizer, opt_param_scheduler)
     progress_log = ProgressLog(args)
     progress_log.job_started()
     config.finalize_model_grads_func = bad_step_guard.wrap_finalize(finalize_model_grads, model)
+    # (batch size, FLOPs) of the last iterations, taken back when a verdict settled late stops the run.
+    recent = []
 
     def save():
+        # What is saved must be settled: a bad step found now stops the run instead (BadStepStop).
+        bad_step_guard.resolve()
         # Checkpoint time is not iteration time: pause the interval timer around it.
         timers("interval-time").stop()
         save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
@@ -404,30 +415,40 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                     forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard,
                     forward_backward_func,
                 )
+                iteration += 1
+                batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
+                flops = num_floating_point_operations(args, batch_size)
+                args.consumed_train_samples += batch_size
+                args.num_floating_point_operations_so_far += flops
+                recent = (recent + [(batch_size, flops)])[-2:]
+                learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
+                training_log(
+                    loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
+                    grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
+                )
+                instrumentation.after_iteration(iteration)
+                if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
+                    bad_step_guard.resolve()
+                    timers("interval-time").stop()
+                    with instrumentation.evaluation():
+                        evaluate_and_print_results(
+                            f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
+                        )
+                    timers("interval-time", log_level=0).start(barrier=True)
+                if args.async_save:
+                    finalize_async_save(blocking=False)  # a finished background save becomes "latest" now
+                exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
+                if exit_code is not None:
+                    return iteration, exit_code
+                if iteration == args.train_iters:
+                    bad_step_guard.resolve()
             except BadStepStop as stop:
+                # A verdict settled one step late: the bad iteration (and the one after) were counted.
+                for batch_size, flops in recent[len(recent) - (iteration - stop.iteration):]:
+                    args.consumed_train_samples -= batch_size
+                    args.num_floating_point_operations_so_far -= flops
+                iteration = stop.iteration
                 return iteration, stop_on_bad_step(stop, save if args.save else None)
-            iteration += 1
-            batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
-            args.consumed_train_samples += batch_size
-            args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
-            learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
-            training_log(
-                loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
-                grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
-            )
-            instrumentation.after_iteration(iteration)
-            if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
-                timers("interval-time").stop()
-                with instrumentation.evaluation():
-                    evaluate_and_print_results(
-                        f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
-                    )
-                timers("interval-time", log_level=0).start(barrier=True)
-            if args.async_save:
-                finalize_async_save(blocking=False)  # a finished background save becomes "latest" now, not at the next
-            exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
-            if exit_code is not None:
-                return iteration, exit_code
         return iteration, None
     finally:
         instrumentation.finish()
