@@ -2,7 +2,7 @@
 torch.compile, the path before triton_quantize.py) against the hand-written Triton kernel, and one FP8
 linear's forward + backward against bf16's `F.linear`, at the GEMM shapes of the PERF.md models.
 
-    python tools/bench/fp8_quantize.py              # GPT 1.3B and Llama-style 3.6B, about a minute on an H100
+    python tools/bench/fp8_quantize.py              # GPT 1.3B and Llama-style 3.6B (meant to take < 2 min)
     python tools/bench/fp8_quantize.py --sweep      # also the Triton kernel's time per tile shape
 
 Per GEMM Y = X W^T (X [M, K], W [N, K], M tokens of one microbatch), microseconds (median of
@@ -20,6 +20,7 @@ kinds is checked on every shape (q, q^T, amax, 1 / scale; Y, dX, dW of fp8_linea
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -145,6 +146,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--sweep", action="store_true", help="time the Triton kernel's other tile shapes too")
     options = parser.parse_args()
+    start = time.perf_counter()
     rows = ["| model | GEMM [M, N, K] | X Inductor / Triton us (Triton TB/s) | dY Inductor / Triton us | "
             "W Inductor / Triton us | fwd+bwd bf16 / FP8 Inductor / FP8 Triton us | bf16 / FP8 Triton | equal |",
             "|---|---|---|---|---|---|---|---|"]
@@ -176,7 +178,7 @@ def main() -> int:
             sweep(tokens, shapes)
         torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"Triton tile (rows, columns, warps) {triton_quantize.DEFAULT_CONFIG}")
+          f"Triton tile (rows, columns, warps) {triton_quantize.DEFAULT_CONFIG}, {time.perf_counter() - start:.0f} s")
     print("\n".join(rows))
     return 0
 

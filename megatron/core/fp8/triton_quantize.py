@@ -83,7 +83,7 @@ if TRITON_AVAILABLE:
             row, column = row.to(tl.int64), column.to(tl.int64)
         in_x = (row[:, None] < rows) & (column[None, :] < columns)
         x = tl.load(x_ptr + row[:, None] * columns + column[None, :], mask=in_x, other=0.0)
-        if EXACT_CAST and x_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter flushes bf16 subnormals
+        if EXACT_CAST and x_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter mis-converts bf16 subnormals
             x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
         x = x.to(tl.float32)
         scale = tl.load(scale_ptr)
