@@ -101,7 +101,9 @@ class Fp8Scaling(torch.nn.Module):
         if self.meta is None:
             return
         self._scales, self._amaxes = self.meta[0].unbind(), self.meta[1].unbind()
-        self._scale_invs = torch.ones(3, dtype=torch.float32, device=self.meta.device).unbind()
+        # One allocation each: cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) an FP8 GEMM whose scale pointer
+        # is not 16-byte aligned, which the 2nd and 3rd elements of one tensor are not.
+        self._scale_invs = tuple(torch.ones((), dtype=torch.float32, device=self.meta.device) for _ in range(3))
 
     def quantize(self, x: torch.Tensor, operand: int, record: bool, transpose: bool = False) -> Fp8Tensor:
         """`x` [rows, columns] in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT), with its padded
