@@ -46,6 +46,7 @@ recipe, which keeps no state) ignores a saved state; an FP8 run loading a checkp
 from scale 1, as Transformer Engine does.
 """
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -182,6 +183,13 @@ def _amax_reduction_group():
     return group if dist.get_world_size(group) > 1 else None
 
 
+@functools.cache
+def _fp8_maxima(dtypes: tuple, device: torch.device) -> torch.Tensor:
+    """[3] the largest value of each operand's FP8 format, made once: a copy from the host is not allowed
+    while the step is captured in a CUDA graph."""
+    return torch.tensor([FP8_MAX[dtype] for dtype in dtypes], device=device)
+
+
 @torch.no_grad()
 def update_fp8_scaling(model_chunks: list) -> None:
     """The step-end update of every delayed-scaling state in `model_chunks` (module docstring), batched:
@@ -205,7 +213,7 @@ def update_fp8_scaling(model_chunks: list) -> None:
         dist.all_reduce(running, op=dist.ReduceOp.MAX, group=group)
         history[:, 0] = running
     amax = history[:, 0] if recipe.amax_compute_algo == "most_recent" else history.amax(dim=1)  # [S, 3]
-    fp8_max = torch.tensor([FP8_MAX[dtype] for dtype in scalings[0].dtypes], device=metas.device)
+    fp8_max = _fp8_maxima(scalings[0].dtypes, metas.device)
     metas[:, 0] = scale_from_amax(amax, fp8_max, recipe.margin, metas[:, 0])
     metas[:, 1:] = history.roll(-1, dims=1)
     metas[:, 1] = 0.0
