@@ -438,10 +438,10 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                 if args.async_save:
                     finalize_async_save(blocking=False)  # a finished background save becomes "latest" now
                 exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
+                if exit_code is not None or iteration == args.train_iters:
+                    bad_step_guard.resolve()  # the last step's verdict, if it is still on the device
                 if exit_code is not None:
                     return iteration, exit_code
-                if iteration == args.train_iters:
-                    bad_step_guard.resolve()
             except BadStepStop as stop:
                 # A verdict settled one step late: the bad iteration (and the one after) were counted.
                 for batch_size, flops in recent[len(recent) - (iteration - stop.iteration):]:
