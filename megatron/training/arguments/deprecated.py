@@ -120,7 +120,7 @@ DEPRECATED_FLAGS = (
     _Deprecated(("--fp8-e4m3",), "fp8_e4m3", _maps_to("--fp8-format", "fp8", "e4m3")),
     _Deprecated(("--fp8-hybrid",), "fp8_hybrid", _maps_to("--fp8-format", "fp8", "hybrid")),
     _Deprecated(("--use-dist-ckpt",), "use_dist_ckpt",
-                _maps_to("--ckpt-format", "ckpt_format", "torch_dist", unset="torch")),
+                _maps_to("--ckpt-format", "ckpt_format", "torch_dist", unset="torch_dist")),
     _Deprecated(("--dist-ckpt-format",), "dist_ckpt_format", _ignored("use --ckpt-format"), {}),
     _Deprecated(("--ckpt-fully-parallel-save",), "ckpt_fully_parallel_save_deprecated",
                 _ignored("parallel save is the default; --no-ckpt-fully-parallel-save turns it off")),

@@ -22,7 +22,8 @@ from .conftest import MINIMAL
     (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex: is not supported yet; use allgather"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type sinkhorn: is not supported yet"),
     (["--ckpt-format", "torch_dcp"], "--ckpt-format torch_dcp: is not supported yet; use torch_dist or torch"),
-    (["--async-save"], "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
+    (["--async-save", "--ckpt-format", "torch"],
+     "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
     (["--ckpt-convert-format", "torch_dist"], "--ckpt-convert-format torch_dist needs --ckpt-convert-save and --load"),
     (["--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine: Transformer Engine "
                                                    "layers are not built here yet; use --transformer-impl local"),
