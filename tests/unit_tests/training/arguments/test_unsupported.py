@@ -50,7 +50,7 @@ def test_transformer_engine_refusal_says_whether_te_is_installed(monkeypatch):
 
 def test_defaults_are_accepted(validated):
     args = validated(*MINIMAL)
-    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch", "local", "adam")
+    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch_dist", "local", "adam")
 
 
 def test_every_row_names_a_real_flag():
