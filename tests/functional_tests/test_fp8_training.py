@@ -15,7 +15,7 @@ FP8 = ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "4", "--fp8
 
 
 def test_fp8_run_trains_and_resumes_exactly(tmp_path):
-    common = TINY + FP8 + ["--train-iters", "6"]
+    common = TINY + FP8 + ["--train-iters", "6", "--ckpt-format", "torch"]
     pretrain_gpt(1, common + ["--save", str(tmp_path / "ckpt"), "--save-interval", "3",
                               "--tensorboard-dir", str(tmp_path / "straight")])
     pretrain_gpt(1, common + ["--load", str(tmp_path / "ckpt"), "--ckpt-step", "3",

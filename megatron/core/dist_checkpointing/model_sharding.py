@@ -321,6 +321,14 @@ def model_extra_state_objects(model: torch.nn.Module, prefix: str = "") -> Dict[
     return objects
 
 
+def without_absent_extra_states(model_request: Dict[str, object], saved: set) -> Dict[str, object]:
+    """`model_request` less the `_extra_state` objects that the checkpoint (its `saved` keys) lacks: an FP8 run
+    resuming a checkpoint saved without them starts its scales afresh, as Transformer Engine does, and
+    Megatron-LM's --ckpt-drop-redundant-extra-state leaves them out; every other key must be there."""
+    return {name: piece for name, piece in model_request.items()
+            if not name.endswith(EXTRA_STATE_SUFFIX) or piece.unique_key in saved}
+
+
 def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None:
     """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored)."""
     for module_name, module in _parallel_linears(model):

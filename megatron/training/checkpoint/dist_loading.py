@@ -20,7 +20,11 @@ import os
 from typing import Callable, Tuple
 
 from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict, saved_keys
-from megatron.core.dist_checkpointing.model_sharding import load_extra_states, model_sharded_state_dict
+from megatron.core.dist_checkpointing.model_sharding import (
+    load_extra_states,
+    model_sharded_state_dict,
+    without_absent_extra_states,
+)
 from megatron.core.dist_checkpointing.optimizer_buckets import (
     DP_RESHARDABLE,
     apply_bucket_state,
@@ -101,14 +105,6 @@ def _can_restore_rng(state_dict: dict, args) -> bool:
     return False
 
 
-def _without_absent_extra_state(model_request: dict, saved: set) -> dict:
-    """`model_request` less the `_extra_state` objects (FP8 scaling state, megatron/core/fp8/scaling.py) that
-    the checkpoint lacks: an FP8 run resuming a checkpoint saved without them starts its scales afresh, as
-    Transformer Engine does; every other key must be there."""
-    return {name: piece for name, piece in model_request.items()
-            if not name.endswith("._extra_state") or piece.unique_key in saved}
-
-
 def _optimizer_sharding_type(state_dict: dict, entries: list):
     """The distributed optimizer's layout the checkpoint was written in (None: a plain optimizer's)."""
     declared = (state_dict.get("content_metadata") or {}).get("distrib_optim_sharding_type")
@@ -168,7 +164,7 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
         )
     chunks = model_chunks(model)
     saved = saved_keys(checkpoint_dir)
-    request = {model_state_key(index, len(chunks)): _without_absent_extra_state(model_sharded_state_dict(chunk), saved)
+    request = {model_state_key(index, len(chunks)): without_absent_extra_states(model_sharded_state_dict(chunk), saved)
                for index, chunk in enumerate(chunks)}
     after_load = None
     if load_optimizer:
