@@ -168,6 +168,27 @@ def _renamed_prefix(name: str, renames: Dict[str, str]) -> str:
     return name
 
 
+def state_dict_names(key: str, tensor: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The inverse of the key mapping for one whole global tensor of a checkpoint: {state-dict name of a
+    TP = PP = 1 model: tensor}, one per layer for a stacked key (`decoder.layers.<name in layer>`)."""
+    for block in ("decoder.layers.", "encoder.layers."):
+        if not key.startswith(block):
+            continue
+        rest = key[len(block):]
+        index, _, in_layer = rest.partition(".")
+        if index.isdigit():  # the layers of a non-homogeneous block: one key each
+            return {f"{block}{index}.{_original_layer_name(in_layer)}": tensor}
+        return {f"{block}{layer}.{_original_layer_name(rest)}": tensor[layer] for layer in range(tensor.shape[0])}
+    return {key: tensor}
+
+
+def _original_layer_name(name: str) -> str:
+    for local, stored in LAYER_KEYS_MAP.items():
+        if name.startswith(stored):
+            return local + name[len(stored):]
+    return name
+
+
 class _Keys:
     """The global key (and layer place) of each state-dict name of one model chunk."""
 

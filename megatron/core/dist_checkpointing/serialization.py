@@ -189,10 +189,16 @@ def saved_keys(checkpoint_dir) -> set:
     return set(dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata)
 
 
+def saved_tensors(checkpoint_dir) -> Dict[str, Tuple[tuple, torch.dtype]]:
+    """{global key: (global shape, dtype)} of the tensors of a distributed checkpoint."""
+    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    return {key: (tuple(value.size), value.properties.dtype) for key, value in metadata.items()
+            if hasattr(value, "size")}
+
+
 def saved_tensor_shapes(checkpoint_dir) -> Dict[str, tuple]:
     """{global key: global shape} of the tensors of a distributed checkpoint."""
-    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
-    return {key: tuple(value.size) for key, value in metadata.items() if hasattr(value, "size")}
+    return {key: shape for key, (shape, _) in saved_tensors(checkpoint_dir).items()}
 
 
 def _missing_keys(checkpoint_dir, requested: set, process_group) -> List[str]:

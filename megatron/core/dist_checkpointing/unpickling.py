@@ -7,7 +7,8 @@ have, or on an enum member it does not know:
                                                   the pickle gave (constructor arguments, state)
 
 Everything else is unpickled as usual. `unreadable_arguments(args)` names the arguments that hold such
-placeholders, so a caller can say once which of the checkpoint's arguments it could not read.
+placeholders, so a caller can say once which of the checkpoint's arguments it could not read; written again
+with `RoundTripPickler`, a placeholder becomes the original object again.
 """
 
 import enum
@@ -71,10 +72,34 @@ class TolerantUnpickler(pickle.Unpickler):
         return found
 
 
+class RoundTripPickler(pickle._Pickler):
+    """Pickles placeholders back as the objects they stand for (the original class, its arguments and state),
+    so that a checkpoint read here and written again (tools/checkpoint/convert.py) still loads in the
+    Megatron-LM that wrote it. The pure-Python pickler: the C one cannot write a class reference that does
+    not resolve here."""
+
+    def save_global(self, obj, name=None):
+        if isinstance(obj, type) and issubclass(obj, UnreadableObject) and obj is not UnreadableObject:
+            module, _, qualified = obj.qualified_name.rpartition(".")
+            self.save(module)
+            self.save(qualified)
+            self.write(pickle.STACK_GLOBAL)
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+    def reducer_override(self, obj):
+        if isinstance(obj, UnreadableObject):
+            return type(obj), obj.args, obj.state
+        return NotImplemented
+
+
 class _PickleModule:
-    """What `torch.load(pickle_module=...)` needs: `Unpickler` and `load` (plus the module's other names)."""
+    """What `torch.load(pickle_module=...)` and `torch.save(pickle_module=...)` need: `Unpickler`, `load`,
+    `Pickler` (plus the module's other names)."""
 
     Unpickler = TolerantUnpickler
+    Pickler = RoundTripPickler
 
     def __getattr__(self, name):
         return getattr(pickle, name)
@@ -95,6 +120,13 @@ def _holds_placeholder(value) -> bool:
     if isinstance(value, (list, tuple, set, frozenset)):
         return any(_holds_placeholder(item) for item in value)
     return False
+
+
+def holds_placeholders(value) -> bool:
+    """Whether `value` (a state dict, args, ...) holds placeholders anywhere in its dicts, lists, attributes."""
+    if hasattr(value, "__dict__") and not isinstance(value, (type, UnreadableObject)):
+        value = vars(value)
+    return _holds_placeholder(value)
 
 
 def unreadable_arguments(args) -> Dict[str, str]:

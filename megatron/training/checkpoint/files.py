@@ -12,7 +12,11 @@ import zipfile
 import torch
 
 from megatron.core.atomic_write import write_atomically
-from megatron.core.dist_checkpointing.unpickling import tolerant_pickle_module, unreadable_arguments
+from megatron.core.dist_checkpointing.unpickling import (
+    holds_placeholders,
+    tolerant_pickle_module,
+    unreadable_arguments,
+)
 from megatron.training.console import print_rank_0
 
 # The `checkpoint_version` every torch-format file records (Megatron-LM writes 3.0).
@@ -22,8 +26,11 @@ _reported_unreadable: list = []
 
 
 def save_atomically(obj, filename) -> None:
-    """`torch.save(obj, filename)`, crash-safe."""
-    write_atomically(filename, lambda file: torch.save(obj, file))
+    """`torch.save(obj, filename)`, crash-safe; saved arguments read as placeholders (another Megatron-LM's)
+    are written back as they were."""
+    args = obj.get("args") if isinstance(obj, dict) else None
+    pickle_module = tolerant_pickle_module if args is not None and holds_placeholders(args) else pickle
+    write_atomically(filename, lambda file: torch.save(obj, file, pickle_module=pickle_module))
 
 
 def write_text_atomically(text: str, filename) -> None:
