@@ -104,7 +104,8 @@ def check_buckets(sub, saved_shapes: Dict[str, tuple], prefix: str = "") -> None
             key = f"{group_prefix}gbuf_idx_{buffer_index}.dtype_{_dtypes(buffer)}.bucket_idx_{bucket_index}.param"
             saved = saved_shapes.get(key)
             if saved != (bucket.numel_unpadded,):
-                found = sorted(name for name in saved_shapes if name.startswith(group_prefix) and name.endswith(".param"))
+                found = sorted(name for name in saved_shapes
+                               if name.startswith(group_prefix) and name.endswith(".param"))
                 raise ValueError(
                     f"the checkpoint's distributed-optimizer state (layout dp_reshardable) does not fit this run: "
                     f"{key} should hold {bucket.numel_unpadded} elements, the checkpoint has "
