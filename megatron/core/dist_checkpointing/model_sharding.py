@@ -207,6 +207,18 @@ class _Keys:
         return self.prefix + local, None
 
 
+_UNSTACKED = _LayerPlace("", None, 1)
+
+
+def _place(place: Optional[_LayerPlace]) -> _LayerPlace:
+    return place if place is not None else _UNSTACKED
+
+
+def _stacked(tensor: torch.Tensor, place: Optional[_LayerPlace]) -> torch.Tensor:
+    """`tensor` with the prepended layer axis (a view: loading into it loads the live tensor)."""
+    return tensor.unsqueeze(0) if _place(place).index is not None else tensor
+
+
 def _partition_sizes(state: dict, names: List[str], size: int, group) -> Dict[str, List[int]]:
     """{name: [local size along partition_dim of each rank of `group`]}, gathered (collective)."""
     local_sizes = [state[name].shape[state[name].partition_dim] for name in names]
@@ -255,18 +267,6 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
             continue
         yield name, tensor, _partitioned_pieces(key, tensor, sizes[name], rank, (pipeline_copy, 0, replica_rank),
                                                 mismatch, place)
-
-
-_UNSTACKED = _LayerPlace("", None, 1)
-
-
-def _place(place: Optional[_LayerPlace]) -> _LayerPlace:
-    return place if place is not None else _UNSTACKED
-
-
-def _stacked(tensor: torch.Tensor, place: Optional[_LayerPlace]) -> torch.Tensor:
-    """`tensor` with the prepended layer axis (a view: loading into it loads the live tensor)."""
-    return tensor.unsqueeze(0) if _place(place).index is not None else tensor
 
 
 def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch, place) -> List[TensorPiece]:
