@@ -1,11 +1,11 @@
 """Bad training steps: non-finite loss or gradients on any rank, and loss spikes; what the run does about them.
 
-Every iteration, between the backward pass and the optimizer step, each rank checks what only it can see:
+Every iteration, between the backward pass and the optimizer's update, each rank checks what only it can see:
 
     loss      its own microbatch loss sums, before any reduction          (--check-for-nan-in-loss-and-grad)
-    grads     its own gradients before the data-parallel reduction, recorded by the finalize hook below;
-              with --overlap-grad-reduce the reduction is already under way then, so the gradients are
-              checked after it and the rank they came from cannot be told
+    grads     its own gradients: before the data-parallel reduction (a norm per gradient buffer, recorded by
+              the finalize hook below) when there is one to come, else the optimizer's global gradient norm
+              (one process, --overlap-grad-reduce, a CUDA-graph iteration: no extra pass over the gradients)
     spike     the global loss against the mean of the last --spiky-loss-window accepted steps
               (last pipeline stage only)                                  (--check-for-spiky-loss)
 
@@ -16,6 +16,15 @@ One all-gather of three flags per rank gives every rank the same picture, so all
     --bad-step-policy skip   leave weights, optimizer and scheduler untouched, count the iteration as skipped
                              (and as nan when something was non-finite); stop as above once more than
                              --bad-step-skip-budget iterations were skipped in this run
+
+Reading the flags on the host would make it wait for every step's backward pass before queueing the update
+and the next step. Where the optimizer can skip an update on its own (the fused AdamW on a GPU) and no spike
+check needs the loss on the host, the flags stay on the device: the update is skipped there when any rank
+flagged the step, and the host reads the flags of a step at the next step's check (by then long computed,
+copied to pinned memory as they were made) or before anything that needs them settled (a log line's counts
+come from device counters; a save, an evaluation, the end of the run call `resolve()`). The scheduler and the
+optimizer's step count advanced for a step later found bad are then taken back, so the run goes on exactly
+as if the step had been skipped at once; a stop names the bad step and saves the state before it.
 """
 
 import math
@@ -23,6 +32,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from megatron.core import parallel_state
 from megatron.core.parallel_state import collective_device
 from megatron.training.checkpoint.rng import get_rng_state, set_rng_state
 from megatron.training.console import print_rank_0
@@ -45,27 +55,55 @@ def _ranks(flags: torch.Tensor, column: int) -> list:
     return [rank for rank, value in enumerate(flags[:, column].tolist()) if value]
 
 
-def _all_finite(tensors) -> torch.Tensor:
-    """One boolean tensor (no host sync): every entry of every tensor is finite."""
-    verdicts = [torch.isfinite(tensor).all() for tensor in tensors]
-    return torch.stack(verdicts).all() if verdicts else torch.tensor(True)
+def _data_parallel_reduction() -> bool:
+    """True when gradients are reduced over several data (x context) parallel ranks (without model-parallel
+    groups, over all ranks)."""
+    if not dist.is_initialized():
+        return False
+    if parallel_state.model_parallel_is_initialized():
+        return parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1
+    return dist.get_world_size() > 1
+
+
+def _nonfinite(tensors) -> torch.Tensor:
+    """One int32 flag (no host sync): 1 if any entry of any tensor is inf or NaN. A norm is non-finite exactly
+    when an entry is, and reads each tensor once (isfinite would write a mask of its size)."""
+    norms = [tensor.detach().float().norm() for tensor in tensors]
+    return (~torch.isfinite(torch.stack(norms).sum())).int() if norms else torch.zeros((), dtype=torch.int32)
+
+
+class _Pending:
+    """A step whose verdict is still on the device: its flags (being copied into pinned memory, `ready` once
+    there), and what settling it may need (the generators before it, the scheduler samples to take back)."""
+
+    def __init__(self, iteration: int, flags: torch.Tensor, ready, rng_before, scheduler_increment: int):
+        self.iteration, self.flags, self.ready = iteration, flags, ready
+        self.rng_before, self.scheduler_increment = rng_before, scheduler_increment
 
 
 class BadStepGuard:
-    """Applies the checks and the policy of the module docstring; one per training run."""
+    """Applies the checks and the policy of the module docstring; one per training run.
 
-    def __init__(self, args, start_iteration: int):
+    `optimizer` and `scheduler` (optional) are what a deferred verdict must take back: the optimizer's host
+    step count (`rewind_vetoed_update`) and the scheduler's samples (`step(-increment)`)."""
+
+    def __init__(self, args, start_iteration: int, optimizer=None, scheduler=None):
         self.check_nonfinite = bool(args.check_for_nan_in_loss_and_grad)
         self.check_spikes = bool(args.check_for_spiky_loss)
         self.policy = args.bad_step_policy
         self.skip_budget = args.bad_step_skip_budget
         self.spike_factor = args.spiky_loss_factor
         self.spike_window = args.spiky_loss_window
-        self.grads_before_reduction = not args.overlap_grad_reduce
+        # With --overlap-grad-reduce the reduction starts inside backward, and a full-iteration CUDA graph
+        # replays backward and reduction without running this Python: both use the global norm.
+        self.grads_before_reduction = not (args.overlap_grad_reduce or args.cuda_graph_impl == "full_iteration")
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.iteration = start_iteration
         self.skipped = 0
         self.recent_losses = []
-        self._local_grads_finite = None
+        self._local_grads_nonfinite = None
+        self._pending = None
+        self.device_veto = None  # the last step's verdict when it was left on the device
         self.skipped_grad_norm = None  # reported for a skipped step: NaN when something was non-finite
         # The generators as they were before the step being inspected: a stop saves them, so that the
         # resumed run redoes that step with the same dropout masks.
@@ -75,53 +113,115 @@ class BadStepGuard:
     def enabled(self) -> bool:
         return self.check_nonfinite or self.check_spikes
 
+    @property
+    def defers(self) -> bool:
+        """True when verdicts stay on the device (module docstring)."""
+        return (self.check_nonfinite and not self.check_spikes and self.optimizer is not None
+                and self.optimizer.supports_device_veto())
+
     def wrap_finalize(self, finalize_model_grads_func, model: list):
         """`finalize_model_grads_func` that first records whether this rank's own gradients are finite."""
-        if not (self.check_nonfinite and self.grads_before_reduction):
+        if not (self.check_nonfinite and self.grads_before_reduction and _data_parallel_reduction()):
             return finalize_model_grads_func
 
         def finalize_after_local_check(*args, **kwargs):
-            self._local_grads_finite = self._gradients_finite(model)
+            self._local_grads_nonfinite = _nonfinite(self._gradients(model))
             return finalize_model_grads_func(*args, **kwargs)
 
         return finalize_after_local_check
 
     @staticmethod
-    def _gradients_finite(model: list) -> torch.Tensor:
+    def _gradients(model: list) -> list:
+        """DDP's contiguous gradient buffers of each chunk (one norm each), or every parameter's gradient."""
         grads = []
         for chunk in model:
+            if hasattr(chunk, "main_grad_buffers"):
+                grads.extend(chunk.main_grad_buffers())
+                continue
             for param in chunk.parameters():
                 grad = getattr(param, "main_grad", None)
                 grads.append(grad if grad is not None else param.grad)
-        return _all_finite([grad for grad in grads if grad is not None])
+        return [grad for grad in grads if grad is not None]
 
-    def inspect(self, loss_reports: list, loss_dict: dict, model: list) -> bool:
-        """Checks the step just computed (collective); True when its update must be skipped.
-
-        `loss_reports` are this rank's per-microbatch reports before reduction, `loss_dict` the reduced
-        losses (empty off the last pipeline stage). Raises BadStepStop when the run must stop.
-        """
+    def check(self, loss_reports: list, loss_dict: dict, grad_norm, scheduler_increment: int = 0):
+        """The verdict on the step just computed (collective), given the optimizer's gradient norm (a float
+        or a device tensor). True: skip its update; False: update. When `defers`, a 1-element int32 device
+        tensor instead (nonzero: the optimizer skips the update on the device) and the verdict is settled
+        at the next `check` or `resolve()`, which may raise BadStepStop. `scheduler_increment`: the samples
+        the scheduler will advance by if the update is not skipped at once (taken back for a deferred skip).
+        Raises BadStepStop when the run must stop."""
+        self.resolve()
         self.iteration += 1
+        self.device_veto = None
         if not self.enabled:
             return False
-        local = torch.zeros(3, dtype=torch.int32)
+        flags = self._local_flags(loss_reports, loss_dict, grad_norm)
+        gathered = self._gather(flags)  # [world_size, 3]
+        if self.defers:
+            veto = gathered.amax().reshape(1)
+            copied = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=gathered.is_cuda)
+            copied.copy_(gathered, non_blocking=True)
+            ready = torch.cuda.Event() if gathered.is_cuda else None
+            if ready is not None:
+                ready.record()
+            self._pending = _Pending(self.iteration, copied, ready, self._rng_before_step, scheduler_increment)
+            self._rng_before_step = get_rng_state(data_parallel_random_init=False)
+            self.device_veto = veto
+            return veto
+        return self._settle(self.iteration, gathered.cpu(), loss_dict, self._rng_before_step, deferred=False)
+
+    def resolve(self) -> None:
+        """Settles the deferred verdict of the last step, if any (waits for its flags only). Raises
+        BadStepStop when the run must stop."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        if not pending.flags.any():
+            return
+        if self.scheduler is not None and pending.scheduler_increment:
+            self.scheduler.step(increment=-pending.scheduler_increment)
+        self.optimizer.rewind_vetoed_update()
+        self._settle(pending.iteration, pending.flags, {}, pending.rng_before, deferred=True)
+
+    def _local_flags(self, loss_reports: list, loss_dict: dict, grad_norm) -> torch.Tensor:
+        device = collective_device()
+        local = torch.zeros(3, dtype=torch.int32, device=device)
         if self.check_nonfinite:
             local_losses = [torch.as_tensor(value).detach().float().view(-1)[:1]
                             for report in loss_reports for value in report.values()]
-            local[_LOSS] = int(not bool(_all_finite(local_losses)))
-            grads_finite = (self._local_grads_finite if self.grads_before_reduction
-                            else self._gradients_finite(model))
-            local[_GRADS] = int(grads_finite is not None and not bool(grads_finite))
-            self._local_grads_finite = None
-        spike_message = self._spike(loss_dict) if self.check_spikes else None
-        local[_SPIKE] = int(spike_message is not None)
-        flags = self._gather(local)
+            local[_LOSS] = _nonfinite(local_losses).to(device)
+            if self._local_grads_nonfinite is not None:
+                local[_GRADS] = self._local_grads_nonfinite.to(device)
+            elif grad_norm is not None:
+                local[_GRADS] = (~torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float32))).int().to(device)
+            self._local_grads_nonfinite = None
+        if self.check_spikes:
+            self._spike_message = self._spike(loss_dict)
+            local[_SPIKE] = int(self._spike_message is not None)
+        return local
+
+    def _settle(self, iteration: int, flags: torch.Tensor, loss_dict: dict, rng_before, deferred: bool) -> bool:
+        """Applies the policy to a step's gathered flags (on the host); True when its update is skipped."""
         if not flags.any():
             self._remember(loss_dict)
             self._rng_before_step = get_rng_state(data_parallel_random_init=False)
             return False
         self.skipped_grad_norm = float("nan") if flags[:, [_LOSS, _GRADS]].any() else None
-        return self._apply_policy(self._describe(flags, spike_message))
+        spike_message = getattr(self, "_spike_message", None) if not deferred else None
+        description = self._describe(iteration, flags, spike_message)
+        if self.policy == "skip" and self.skipped < self.skip_budget:
+            self.skipped += 1
+            print_rank_0(f"WARNING: bad step at {description}; skipping this update "
+                         f"({self.skipped} of --bad-step-skip-budget {self.skip_budget} used)")
+            if not deferred:
+                self._rng_before_step = get_rng_state(data_parallel_random_init=False)
+            return True
+        reason = ("--bad-step-policy stop" if self.policy == "stop"
+                  else f"--bad-step-skip-budget {self.skip_budget} is used up")
+        set_rng_state({"rng_state": rng_before}, False, "the state before the bad step")
+        raise BadStepStop(f"bad step at {description}; stopping ({reason})", iteration - 1)
 
     def _spike(self, loss_dict: dict):
         if not loss_dict or len(self.recent_losses) < self.spike_window:
@@ -140,38 +240,25 @@ class BadStepGuard:
 
     @staticmethod
     def _gather(local: torch.Tensor) -> torch.Tensor:
-        """[world_size, 3] flags of every rank."""
+        """[world_size, 3] flags of every rank, on the collective device (no host sync)."""
         if not dist.is_initialized():
             return local.view(1, -1)
-        device = collective_device()
-        gathered = [torch.zeros(3, dtype=torch.int32, device=device) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local.to(device))
-        return torch.stack(gathered).cpu()
+        gathered = [torch.zeros(3, dtype=torch.int32, device=local.device) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+        return torch.stack(gathered)
 
-    def _describe(self, flags: torch.Tensor, spike_message) -> str:
+    def _describe(self, iteration: int, flags: torch.Tensor, spike_message) -> str:
         problems = []
         if _ranks(flags, _LOSS):
             problems.append(f"non-finite loss on rank(s) {_ranks(flags, _LOSS)}")
         if _ranks(flags, _GRADS):
-            where = ("before the data-parallel reduction" if self.grads_before_reduction
-                     else "after the data-parallel reduction (--overlap-grad-reduce hides the rank of origin)")
+            where = ("before the data-parallel reduction" if self.grads_before_reduction and _data_parallel_reduction()
+                     else "(the global gradient norm)")
             problems.append(f"non-finite gradients on rank(s) {_ranks(flags, _GRADS)} {where}")
         if _ranks(flags, _SPIKE):
             # The loss is global: the ranks that hold it (last pipeline stage) all see the same spike.
             problems.append(f"loss spike: {spike_message}" if spike_message else "loss spike")
-        return f"iteration {self.iteration}: " + "; ".join(problems)
-
-    def _apply_policy(self, description: str) -> bool:
-        if self.policy == "skip" and self.skipped < self.skip_budget:
-            self.skipped += 1
-            print_rank_0(f"WARNING: bad step at {description}; skipping this update "
-                         f"({self.skipped} of --bad-step-skip-budget {self.skip_budget} used)")
-            self._rng_before_step = get_rng_state(data_parallel_random_init=False)
-            return True
-        reason = ("--bad-step-policy stop" if self.policy == "stop"
-                  else f"--bad-step-skip-budget {self.skip_budget} is used up")
-        set_rng_state({"rng_state": self._rng_before_step}, False, "the state before the bad step")
-        raise BadStepStop(f"bad step at {description}; stopping ({reason})", self.iteration - 1)
+        return f"iteration {iteration}: " + "; ".join(problems)
 
 
 def stop_on_bad_step(stop: BadStepStop, save=None) -> int:

@@ -10,12 +10,14 @@ import gc
 import inspect
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.num_microbatches_calculator import (
     get_current_global_batch_size,
     get_num_microbatches,
@@ -49,6 +51,7 @@ from megatron.training.global_vars import (
 from megatron.training.initialize import initialize_megatron
 from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
+from megatron.training.profiling import LoopInstrumentation, empty_unused_memory, start_memory_history
 from megatron.training.training_log import num_floating_point_operations, training_log
 
 
@@ -97,6 +100,7 @@ def _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model
     dist.all_reduce(startup, op=dist.ReduceOp.MAX)
     print_rank_0(f"time to initialize megatron (seconds): {startup.item():.3f}")
 
+    start_memory_history(args)
     timers("model-and-optimizer-setup", log_level=0).start(barrier=True)
     model, optimizer, opt_param_scheduler = setup_model_and_optimizer(model_provider, model_type)
     timers("model-and-optimizer-setup").stop()
@@ -296,19 +300,21 @@ def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=
     return model, optimizer, opt_param_scheduler
 
 
-def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None):
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard=None,
+               forward_backward_func=None):
     """One optimizer step over `num_microbatches` microbatches. Returns (loss dict, skipped, grad norm,
     num zeros); the loss values are exact global token means Σloss / Σtokens over DP x CP. Losses and the
     grad norm may be device tensors: reading them waits for the GPU, which the loop does only to log.
 
     `bad_step_guard` (bad_step.py) may veto the update (skipped, grad norm NaN when something was
-    non-finite) or raise BadStepStop."""
+    non-finite) or raise BadStepStop. `forward_backward_func` defaults to the schedule of the parallel
+    layout (the loop passes it wrapped in a full-iteration CUDA graph with --cuda-graph-impl full_iteration)."""
     args = get_args()
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     set_aux_loss_scale(config, get_num_microbatches())
-    losses = get_forward_backward_func()(
+    losses = (forward_backward_func or get_forward_backward_func())(
         forward_step_func=forward_step_func,
         data_iterator=data_iterator,
         model=model,
@@ -318,13 +324,21 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         decoder_seq_length=args.decoder_seq_length,
         forward_only=False,
     )
+    empty_unused_memory(args, level=1)
     loss_dict = reduce_loss_reports(losses)
-    if bad_step_guard is not None and bad_step_guard.inspect(losses, loss_dict, model):
-        return loss_dict, 1, bad_step_guard.skipped_grad_norm, None
-    update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm()
-    if update_successful:
-        opt_param_scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
-    return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
+    increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+    veto = None
+    if bad_step_guard is not None and bad_step_guard.enabled:
+        veto = partial(bad_step_guard.check, losses, loss_dict, scheduler_increment=increment)
+    update_successful, grad_norm, num_zeros_in_grad = optimizer.step_with_device_grad_norm(veto=veto)
+    empty_unused_memory(args, level=2)
+    if not update_successful:
+        # A bad step vetoed at once comes back with its norm, an fp16 overflow without one.
+        return loss_dict, 1, (bad_step_guard.skipped_grad_norm if grad_norm is not None else None), None
+    opt_param_scheduler.step(increment=increment)
+    # A verdict left on the device (bad_step.py) is this step's "skipped" flag, counted without reading it.
+    device_veto = bad_step_guard.device_veto if bad_step_guard is not None else None
+    return loss_dict, (device_veto if device_veto is not None else 0), grad_norm, num_zeros_in_grad
 
 
 def reduce_loss_reports(reports: list) -> dict:
@@ -368,12 +382,16 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
     exit_conditions = ExitConditions(args, start_time)
 
     iteration = args.iteration
-    bad_step_guard = BadStepGuard(args, iteration)
+    bad_step_guard = BadStepGuard(args, iteration, optimizer, opt_param_scheduler)
     progress_log = ProgressLog(args)
     progress_log.job_started()
     config.finalize_model_grads_func = bad_step_guard.wrap_finalize(finalize_model_grads, model)
+    # (batch size, FLOPs) of the last iterations, taken back when a verdict settled late stops the run.
+    recent = []
 
     def save():
+        # What is saved must be settled: a bad step found now stops the run instead (BadStepStop).
+        bad_step_guard.resolve()
         # Checkpoint time is not iteration time: pause the interval timer around it.
         timers("interval-time").stop()
         save_checkpoint(iteration, model, optimizer, opt_param_scheduler, args.num_floating_point_operations_so_far)
@@ -383,33 +401,54 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
         progress_log.checkpoint_saved(iteration, args)
         timers("interval-time", log_level=0).start(barrier=True)
 
+    forward_backward_func = get_forward_backward_func()
+    if args.cuda_graph_impl == "full_iteration":
+        forward_backward_func = FullCudaGraphWrapper(forward_backward_func, args.cuda_graph_warmup_steps)
+    instrumentation = LoopInstrumentation(args)
     timers("interval-time", log_level=0).start(barrier=True)
-    while iteration < args.train_iters:
-        update_num_microbatches(args.consumed_train_samples, consistency_check=True)
-        try:
-            loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
-                forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard
-            )
-        except BadStepStop as stop:
-            return iteration, stop_on_bad_step(stop, save if args.save else None)
-        iteration += 1
-        batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
-        args.consumed_train_samples += batch_size
-        args.num_floating_point_operations_so_far += num_floating_point_operations(args, batch_size)
-        learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
-        training_log(
-            loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
-            grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
-        )
-        if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
-            timers("interval-time").stop()
-            evaluate_and_print_results(
-                f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
-            )
-            timers("interval-time", log_level=0).start(barrier=True)
-        if args.async_save:
-            finalize_async_save(blocking=False)  # a finished background save becomes "latest" now, not at the next
-        exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
-        if exit_code is not None:
-            return iteration, exit_code
-    return iteration, None
+    try:
+        while iteration < args.train_iters:
+            update_num_microbatches(args.consumed_train_samples, consistency_check=True)
+            instrumentation.before_iteration(iteration + 1)
+            try:
+                loss_dict, skipped_iter, grad_norm, num_zeros_in_grad = train_step(
+                    forward_step_func, train_iterator, model, optimizer, opt_param_scheduler, config, bad_step_guard,
+                    forward_backward_func,
+                )
+                iteration += 1
+                batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
+                flops = num_floating_point_operations(args, batch_size)
+                args.consumed_train_samples += batch_size
+                args.num_floating_point_operations_so_far += flops
+                recent = (recent + [(batch_size, flops)])[-2:]
+                learning_rate, decoupled_learning_rate = _learning_rates(optimizer)
+                training_log(
+                    loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
+                    grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
+                )
+                instrumentation.after_iteration(iteration)
+                if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
+                    bad_step_guard.resolve()
+                    timers("interval-time").stop()
+                    with instrumentation.evaluation():
+                        evaluate_and_print_results(
+                            f"iteration {iteration}", forward_step_func, valid_iterator, model, iteration, config
+                        )
+                    timers("interval-time", log_level=0).start(barrier=True)
+                if args.async_save:
+                    finalize_async_save(blocking=False)  # a finished background save becomes "latest" now
+                exit_code = exit_conditions.checkpoint_and_decide_exit(iteration, save)
+                if exit_code is not None:
+                    return iteration, exit_code
+                if iteration == args.train_iters:
+                    bad_step_guard.resolve()
+            except BadStepStop as stop:
+                # A verdict settled one step late: the bad iteration (and the one after) were counted.
+                for batch_size, flops in recent[len(recent) - (iteration - stop.iteration):]:
+                    args.consumed_train_samples -= batch_size
+                    args.num_floating_point_operations_so_far -= flops
+                iteration = stop.iteration
+                return iteration, stop_on_bad_step(stop, save if args.save else None)
+        return iteration, None
+    finally:
+        instrumentation.finish()

@@ -16,6 +16,7 @@ from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
+from megatron.training.profiling import dump_memory_snapshot
 from megatron.training.progress import progress_bar
 
 # Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
@@ -56,7 +57,8 @@ def peak_tflops() -> float | None:
 
 
 class _Interval:
-    """Sums over the iterations between two log lines."""
+    """Sums over the iterations between two log lines. The counts become device tensors once a step's
+    verdict comes as one (bad_step.py): they are read when the line is printed, not per iteration."""
 
     def __init__(self):
         self.memory_reported = False
@@ -64,9 +66,35 @@ class _Interval:
 
     def reset(self):
         self.losses = {}
+        self.iterations = 0
         self.advanced = 0
         self.skipped = 0
         self.nan = 0
+
+    def add(self, loss_dict: dict, skipped_iter, grad_norm) -> None:
+        """Counts one iteration: `skipped_iter` 0/1, or a device flag (nonzero: its update was skipped)."""
+        self.iterations += 1
+        if torch.is_tensor(skipped_iter):
+            skipped = skipped_iter.reshape(()) != 0
+            values = [value.detach().float().reshape(()) for value in loss_dict.values()]
+            if grad_norm is not None:
+                values.append(torch.as_tensor(grad_norm, dtype=torch.float32).reshape(()).to(skipped.device))
+            nonfinite = ~torch.isfinite(torch.stack(values).sum()) if values else torch.zeros_like(skipped)
+            self.skipped = self.skipped + skipped.int()
+            self.nan = self.nan + (skipped & nonfinite).int()
+            self.advanced = self.advanced + (~skipped).int()
+            for key, value in loss_dict.items():
+                kept = torch.where(skipped, torch.zeros_like(value.detach()), value.detach())
+                self.losses[key] = self.losses.get(key, 0.0) + kept
+        elif skipped_iter:
+            self.skipped += 1
+            # A step skipped for non-finite gradients has a finite loss; its grad norm then reads NaN.
+            nonfinite_grads = grad_norm is not None and not math.isfinite(float(grad_norm))
+            self.nan += int(nonfinite_grads or any(not math.isfinite(float(v)) for v in loss_dict.values()))
+        else:
+            self.advanced += 1
+            for key, value in loss_dict.items():
+                self.losses[key] = self.losses.get(key, 0.0) + value.detach()
 
 
 _interval = _Interval()
@@ -93,15 +121,7 @@ def training_log(
     if args.num_experts is not None:
         loss_dict = {**loss_dict, **_moe_aux_losses(args)}
 
-    if skipped_iter:
-        interval.skipped += 1
-        # A step skipped for non-finite gradients has a finite loss; its grad norm then reads NaN.
-        nonfinite_grads = grad_norm is not None and not math.isfinite(float(grad_norm))
-        interval.nan += int(nonfinite_grads or any(not math.isfinite(float(v)) for v in loss_dict.values()))
-    else:
-        interval.advanced += 1
-        for key, value in loss_dict.items():
-            interval.losses[key] = interval.losses.get(key, 0.0) + value.detach()
+    interval.add(loss_dict, skipped_iter, grad_norm)
 
     batch_size = args.micro_batch_size * args.data_parallel_size * get_num_microbatches()
     if writer is not None and iteration % args.tensorboard_log_interval == 0:
@@ -129,7 +149,8 @@ def training_log(
     if iteration % args.log_interval != 0:
         return
 
-    iterations = interval.advanced + interval.skipped
+    dump_memory_snapshot(args)
+    iterations = interval.iterations
     elapsed = timers("interval-time").elapsed(barrier=True)
     seconds_per_iteration = elapsed / max(iterations, 1)
     tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
@@ -158,8 +179,9 @@ def training_log(
     if decoupled_learning_rate is not None:
         fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
     fields.append(f"global batch size: {batch_size:5d}")
+    advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
     for key, total in interval.losses.items():
-        average = float(total) / max(interval.advanced, 1)
+        average = float(total) / max(advanced, 1)
         if average > 0.0:
             fields.append(f"{key}: {average:.6E}")
     fields.append(f"loss scale: {float(loss_scale):.1f}")
@@ -169,8 +191,8 @@ def training_log(
         fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
     if params_norm is not None:
         fields.append(f"params norm: {float(params_norm):.3f}")
-    fields.append(f"number of skipped iterations: {interval.skipped:3d}")
-    fields.append(f"number of nan iterations: {interval.nan:3d}")
+    fields.append(f"number of skipped iterations: {skipped:3d}")
+    fields.append(f"number of nan iterations: {nan:3d}")
     timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
     print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
     interval.reset()

@@ -98,7 +98,7 @@ def test_t5_dry_run_banner_and_bad_step_policies(tmp_path, data):
     output = stop.stdout + stop.stderr
     assert stop.returncode == 17, output[-3000:]
     assert estimated == _built_parameters(output) == _number(r"model: ([\d,]+) parameters", output)
-    assert "iteration 3: non-finite gradients on rank(s) [0] before the data-parallel reduction" in output
+    assert "iteration 3: non-finite gradients on rank(s) [0] (the global gradient norm)" in output
     assert _latest(save) == 2  # the state before the bad step
 
     skip = _t5_with_a_nan_gradient_in_iteration_3(T5 + data + ["--train-iters", "4", "--bad-step-policy", "skip"])

@@ -65,7 +65,10 @@ def milliseconds(step, repeats: int = 20) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--sweep", default="", help="also time the Triton kernel at these block:warps, e.g. "
+                                                      "'4096:8,8192:8'")
     options = parser.parse_args()
+    sweep = [tuple(int(v) for v in entry.split(":")) for entry in options.sweep.split(",") if entry]
     rows = ["| model | params | torch fused AdamW + copy | Triton AdamW with copy | speed-up |", "|---|---|---|---|---|"]
     for name in options.models.split(","):
         shapes = parameter_shapes(*MODELS[name])
@@ -95,6 +98,14 @@ def main() -> int:
 
         rows.append(f"| {name} | {numel / 1e9:.2f}B | {torch_ms:.1f} ms ({bandwidth(torch_ms, 34)}) | "
                     f"{fused_ms:.1f} ms ({bandwidth(fused_ms, 30)}) | {torch_ms / fused_ms:.2f}x |")
+        for block, warps in sweep:
+            main, model, optimizer = build(shapes, 0)
+            fused = FusedAdamW(optimizer, block_size=block, num_warps=warps)
+            model_of = dict(zip(main, model))
+            swept_ms = milliseconds(lambda: fused.step(model_of, grad_scale))
+            rows.append(f"| {name}, block {block}, {warps} warps | | | {swept_ms:.1f} ms ({bandwidth(swept_ms, 30)}) | |")
+            del main, model, optimizer, fused, model_of
+            torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("\n".join(rows))
     return 0

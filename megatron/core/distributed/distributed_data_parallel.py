@@ -171,6 +171,10 @@ class DistributedDataParallel(torch.nn.Module):
     def _all_buffers(self) -> List[_ParamAndGradBuffer]:
         return self.buffers + self.expert_parallel_buffers
 
+    def main_grad_buffers(self) -> List[torch.Tensor]:
+        """The contiguous fp32 (or bf16) buffers that hold every parameter's `main_grad` (with padding)."""
+        return [buffer.grad_data for buffer in self._all_buffers]
+
     def _gradient_hook(self, param: torch.nn.Parameter) -> None:
         """After autograd accumulated `param.grad` (once per backward, however often the param was used)."""
         _accumulate_into_main_grad(param)

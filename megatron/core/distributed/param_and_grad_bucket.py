@@ -95,6 +95,11 @@ class _ParamAndGradBucket:
             self.local_grad_norm = self.grad_data.norm(p=2)
         if self.gradient_scaling_factor != 1.0:
             self.grad_data *= self.gradient_scaling_factor
+        if self.data_parallel_world_size == 1:
+            # Nothing to reduce: a collective over one rank would still read (and an average divide) the
+            # whole buffer, a pass over 4 bytes per parameter.
+            self.grad_reduce_started, self.grad_reduce_handle = True, None
+            return
         if self.ddp_config.use_distributed_optimizer:
             handle = _reduce_scatter_tensor(
                 self.grad_shard, self.grad_data, op=self._reduce_op, group=self.data_parallel_group, async_op=async_op
@@ -145,6 +150,9 @@ class _ParamAndGradBucket:
 
     # --- parameter all-gather (distributed optimizer) ------------------------------------------------------
     def _start_param_gather(self, async_op: bool) -> None:
+        if self.data_parallel_world_size == 1:  # the one shard is the whole buffer
+            self.param_gather_handle, self.params_need_gather = None, False
+            return
         handle = _all_gather_into_tensor(self.param_data, self.param_shard, group=self.data_parallel_group,
                                          async_op=async_op)
         self.param_gather_handle = handle if async_op else None

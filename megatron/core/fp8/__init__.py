@@ -1,13 +1,17 @@
 """FP8 training without Transformer Engine: the transformer layers' linears through `torch._scaled_mm`.
 
     recipe.py     formats (e4m3 / hybrid), recipes (delayed / tensorwise), which layers, config checks
-    quantize.py   per-tensor saturating casts (compiled on CUDA)
-    scaling.py    per-GEMM scaling state (amax history, scales), its step-end update, its checkpoint entry
-    linear.py     the FP8 linear autograd function
+    recipe.py            formats (e4m3 / hybrid), recipes (delayed / tensorwise), which layers, config checks
+    quantize.py          per-tensor saturating casts (compiled on CUDA): the reference, the CPU and tensorwise path
+    triton_quantize.py   the delayed-scaling cast as one Triton kernel (q, q^T, amax, 1 / scale), used on GPUs
+    scaling.py           per-GEMM scaling state (amax history, scales, the step's quantized weight), its
+                         step-end update, its checkpoint entry
+    linear.py            the FP8 linear autograd function
 
 Configured by `TransformerConfig.fp8` and the other fp8_* fields (`--fp8-format` ...). The pipeline
 schedules call `update_fp8_scaling` after each step's last backward; a training loop that calls the model
-directly must call it once per step itself (after backward, before the next forward).
+directly must call it once per step itself (after backward, before the next forward): it updates the
+scales and drops the step's quantized weights, so that the next forward quantizes the optimizer's new ones.
 """
 
 from megatron.core.fp8.linear import fp8_linear

@@ -7,8 +7,8 @@
               db = sum over tokens of dY
 
 Layouts (`torch._scaled_mm(a, b)` wants `a` row-major, `b` column-major, sizes multiples of 16): the forward
-takes q_X [M, K] and q_W^T (q_W [N, K] as it is); dX takes q_dY [M, N] and q_W re-quantized from W^T with
-the forward's scale (contiguous [K, N], so nothing of W's size is kept from forward to backward); dW takes
+takes q_X [M, K] and q_W^T (q_W [N, K] as it is); dX takes q_dY [M, N] and q_W^T [K, N] contiguous, which
+the scaling state writes together with q_W once per step (scaling.py: `quantize_weight`); dW takes
 q_dY^T [N, M'] and q_X^T [K, M'] (M' = M rounded up to 16 with zero tokens), written by the same kernels
 that quantize X and dY. Saved for backward: q_X^T (one byte per element instead of bf16's two), or X
 itself with wgrad=False. The forward GEMM accumulates with cuBLAS' fast mode and the two backward GEMMs
@@ -27,8 +27,7 @@ import functools
 
 import torch
 
-from megatron.core.fp8.quantize import quantize_transposed
-from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Scaling
+from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, Fp8Scaling
 from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
 
 
@@ -52,43 +51,44 @@ def _scaled_mm(a, b, scale_a, scale_b, out_dtype, fast_accumulation=False, bias=
 
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool, weight_gradient: bool):
+    def forward(ctx, input, weight, bias, scaling: Fp8Scaling, accumulate: bool, input_gradient: bool,
+                weight_gradient: bool):
         in_features, out_features = weight.shape[1], weight.shape[0]
         x = input.reshape(-1, in_features).contiguous()  # [M, K]
         record, fp8_wgrad = scaling.training, scaling.recipe.wgrad and weight_gradient
         q_x = scaling.quantize(x, INPUT, record, transpose=fp8_wgrad)
-        q_w = scaling.quantize(weight, WEIGHT, record)
+        q_w = scaling.quantize_weight(weight, record, transpose=input_gradient)
         # _scaled_mm adds a bias only to a bf16/fp16 output of the bias' dtype.
         fused_bias = bias if bias is not None and bias.dtype == input.dtype != torch.float32 else None
         output = _scaled_mm(q_x.data, q_w.data.t(), q_x.scale_inv, q_w.scale_inv, input.dtype, True, fused_bias)
         if bias is not None and fused_bias is None:
             output = output + bias
         # dW's operand: q_X^T [K, M'] for an FP8 dW, else X [M, K] (none for a frozen weight).
-        wgrad_operand = q_x.transposed if fp8_wgrad else x if weight_gradient else None
-        ctx.save_for_backward(wgrad_operand, q_x.scale_inv, q_w.scale_inv)
-        # The parameter itself (for main_grad): recomputation hands back copies of saved tensors. The weight
-        # scale of the delayed recipe is a view of the scaling state, whose amax rows change in place while
-        # other microbatches run (autograd would refuse it as saved); its scale row only changes at the
-        # step-end update, after every backward of the step.
-        ctx.weight, ctx.weight_scale = weight, q_w.scale
+        ctx.save_for_backward(q_x.transposed if fp8_wgrad else x if weight_gradient else None)
+        # Not saved tensors: the parameter itself (for main_grad; recomputation hands back copies of saved
+        # tensors), this step's q_W^T, and the inverse scales (on a GPU the input's is the scaling state's
+        # buffer, which later quantizations of the step rewrite in place with the same value: scales change
+        # only at the step-end update, after every backward of the step).
+        ctx.weight, ctx.weight_transposed, ctx.weight_scale_inv = weight, q_w.transposed, q_w.scale_inv
+        ctx.input_scale_inv = q_x.scale_inv
         ctx.scaling, ctx.record, ctx.accumulate, ctx.fp8_wgrad = scaling, record, accumulate, fp8_wgrad
         ctx.has_bias, ctx.input_shape = bias is not None, input.shape
         return output.view(*input.shape[:-1], out_features)
 
     @staticmethod
     def backward(ctx, grad_output):
-        wgrad_operand, x_scale_inv, w_scale_inv = ctx.saved_tensors
-        weight, w_scale, scaling = ctx.weight, ctx.weight_scale, ctx.scaling
+        wgrad_operand, = ctx.saved_tensors
+        weight, scaling = ctx.weight, ctx.scaling
         dy = grad_output.reshape(-1, weight.shape[0]).contiguous()  # [M, N]
         q_dy = scaling.quantize(dy, GRAD_OUTPUT, ctx.record, transpose=ctx.fp8_wgrad)
         grad_input = None
         if ctx.needs_input_grad[0]:
-            w_t = quantize_transposed(weight, w_scale, scaling.dtypes[WEIGHT])  # [K, N]
-            grad_input = _scaled_mm(q_dy.data, w_t.t(), q_dy.scale_inv, w_scale_inv, grad_output.dtype)
+            grad_input = _scaled_mm(q_dy.data, ctx.weight_transposed.t(), q_dy.scale_inv, ctx.weight_scale_inv,
+                                    grad_output.dtype)
             grad_input = grad_input.view(ctx.input_shape)
-        grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight)
+        grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, ctx.input_scale_inv, weight)
         grad_bias = dy.sum(dim=0) if ctx.has_bias else None
-        return grad_input, grad_weight, grad_bias, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None
 
 
 def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
@@ -119,5 +119,6 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     _check_device(input.device)
     accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
     # Inside the autograd function the grad mode is off and needs_input_grad ignores it: decided here.
+    input_gradient = torch.is_grad_enabled() and input.requires_grad
     weight_gradient = torch.is_grad_enabled() and weight.requires_grad
-    return _Fp8Linear.apply(input, weight, bias, scaling, accumulate, weight_gradient)
+    return _Fp8Linear.apply(input, weight, bias, scaling, accumulate, input_gradient, weight_gradient)

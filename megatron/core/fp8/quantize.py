@@ -5,9 +5,10 @@
 Values beyond the representable range become +-fp8_max instead of inf/NaN (NaN stays NaN, so a bad step
 is still seen). `torch._scaled_mm` takes the inverse scales: (q_a * scale_inv_a) @ (q_b * scale_inv_b).
 
-On CUDA each function below runs compiled (`cuda_fuser`: Inductor generates the kernels), so a delayed-
-scaling quantization reads x once and writes q (and its transpose, for a dW GEMM) while reducing max|x|; on
-CPU the same functions run eagerly, which is what the CPU tests exercise.
+On CUDA each function below runs compiled (`cuda_fuser`: Inductor generates the kernels); on CPU the same
+functions run eagerly. They define the results: the delayed-scaling quantizations of the scaling state run
+in triton_quantize.py's kernel on GPUs (one launch instead of Inductor's several, the amax folded on the
+device), which gives the same bits; the tensorwise recipe runs these.
 
 A dW GEMM sums over tokens, so it takes its operands transposed, [features, tokens], with the token count M
 padded to a multiple of 16 by zero tokens (zeros add nothing to the sum); `transpose=True` asks for that.

@@ -22,12 +22,32 @@ parallel size (the max over the shards of a tensor is the max of the whole tenso
 scale 1 (TE's initial state). Evaluation (module in eval mode) quantizes with the current scales and
 records nothing, so a run with or without evaluation trains the same.
 
+On a GPU with Triton the quantizations run in triton_quantize.py (one launch writes q, q^T, the inverse
+scale and folds the amax into row 1 on the device); elsewhere in quantize.py's functions. Both give the
+same bits. The inverse scales live in a small buffer of this module that each launch rewrites, so no call
+creates tensors besides its outputs, and nothing waits for the host.
+
+Weights are quantized once per step (`quantize_weight`): the first use after the step-end update writes
+q_W [N, K] for the forward GEMMs and q_W^T [K, N] for the dX GEMMs in one pass (recording W's amax), and
+every microbatch, recomputed forward and backward of the step reuses them. Memory: 2 bytes per FP8
+parameter, held from the first forward to the step-end update, which frees them before the optimizer step;
+the price of reading each weight once per step instead of twice per microbatch. The copies are dropped and
+redone when the weight may have changed: at `update_fp8_scaling` (every step's end, before the optimizer
+writes the weights: a fused optimizer or a parameter all-gather writes them without autograd seeing it,
+so autograd's version counter alone would miss it), at a checkpoint load into the layer, at a device move,
+and whenever the weight is another tensor or its version counter says it was written in place since (a
+`load_state_dict`, a torch optimizer or an edit under no_grad between two updates). The tensorwise recipe
+keeps its weights the same way (their scale depends on the weight only).
+
 Checkpoints: the linear layer that owns the GEMM saves `meta` as `<layer>._extra_state` (the key Transformer
 Engine's modules use for their FP8 metadata) in both --ckpt-format torch and torch_dist (a tensor replicated
 over TP and DP), and restores it, so a resumed run is exact. A run without FP8 (or with the tensorwise
 recipe, which keeps no state) ignores a saved state; an FP8 run loading a checkpoint without one starts
 from scale 1, as Transformer Engine does.
 """
+
+import functools
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,14 +58,26 @@ from megatron.core.fp8.quantize import (
     Fp8Tensor,
     quantize_current,
     quantize_current_and_transpose,
+    quantize_transposed,
     quantize_with_amax,
     quantize_with_amax_and_transpose,
     scale_from_amax,
 )
-from megatron.core.fp8.recipe import Fp8Recipe
+from megatron.core.fp8.recipe import GEMM_ALIGNMENT, Fp8Recipe
+from megatron.core.fp8.triton_quantize import quantize_fused, runs_in_triton
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 EXTRA_STATE_KEY = "_extra_state"
+
+
+class _QuantizedWeight(NamedTuple):
+    """A weight's quantization for one step, and what it was made from."""
+
+    weight: torch.Tensor
+    data_ptr: int
+    version: int
+    recorded: bool  # its amax is in the scaling state's running amax
+    quantized: Fp8Tensor  # `transposed` is q_W^T [K, N], or None if not asked for
 
 
 class Fp8Scaling(torch.nn.Module):
@@ -61,6 +93,18 @@ class Fp8Scaling(torch.nn.Module):
             self.register_buffer("meta", meta, persistent=False)  # saved as the owner's _extra_state
         else:
             self.meta = None
+        self._bind_state()
+
+    def _bind_state(self) -> None:
+        """Per-operand views of the state (made once: indexing per call costs host time), the inverse-scale
+        buffer the Triton kernels write, and no quantized weight."""
+        self._weight = None
+        if self.meta is None:
+            return
+        self._scales, self._amaxes = self.meta[0].unbind(), self.meta[1].unbind()
+        # One allocation each: cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) an FP8 GEMM whose scale pointer
+        # is not 16-byte aligned, which the 2nd and 3rd elements of one tensor are not.
+        self._scale_invs = tuple(torch.ones((), dtype=torch.float32, device=self.meta.device) for _ in range(3))
 
     def quantize(self, x: torch.Tensor, operand: int, record: bool, transpose: bool = False) -> Fp8Tensor:
         """`x` [rows, columns] in the FP8 dtype of `operand` (INPUT, WEIGHT or GRAD_OUTPUT), with its padded
@@ -70,13 +114,49 @@ class Fp8Scaling(torch.nn.Module):
             current = quantize_current_and_transpose if transpose else quantize_current
             data, transposed, scale, scale_inv = current(x, dtype, self.recipe.margin)
             return Fp8Tensor(data, scale, scale_inv, transposed)
-        scale = self.meta[0, operand]
+        scale = self._scales[operand]
+        if runs_in_triton(x):
+            scale_inv = self._scale_invs[operand]
+            data, transposed = quantize_fused(x, scale, scale_inv, dtype,
+                                              transpose_padding=GEMM_ALIGNMENT if transpose else None,
+                                              amax=self._amaxes[operand] if record else None)
+            return Fp8Tensor(data, scale, scale_inv, transposed)
         delayed = quantize_with_amax_and_transpose if transpose else quantize_with_amax
         data, transposed, scale_inv, amax = delayed(x, scale, dtype)
         if record:
-            running = self.meta[1, operand]
+            running = self._amaxes[operand]
             torch.maximum(running, amax, out=running)
         return Fp8Tensor(data, scale, scale_inv, transposed)
+
+    def quantize_weight(self, weight: torch.Tensor, record: bool, transpose: bool) -> Fp8Tensor:
+        """q_W [N, K] of `weight` [N, K], with q_W^T [K, N] if `transpose`: this step's copies if they fit the
+        request, else made now in one pass (module docstring)."""
+        held = self._weight
+        if (held is None or held.weight is not weight or held.version != weight._version
+                or held.data_ptr != weight.data_ptr() or (record and not held.recorded)
+                or (transpose and held.quantized.transposed is None)):
+            held = self._weight = _QuantizedWeight(weight, weight.data_ptr(), weight._version,
+                                                   record or not self.recipe.delayed,
+                                                   self._quantize_weight(weight, record, transpose))
+        return held.quantized
+
+    def _quantize_weight(self, weight: torch.Tensor, record: bool, transpose: bool) -> Fp8Tensor:
+        dtype = self.dtypes[WEIGHT]
+        if self.recipe.delayed and runs_in_triton(weight):
+            scale = self._scales[WEIGHT]
+            scale_inv = torch.empty_like(scale)  # its own, as the copies it goes with live all step
+            data, transposed = quantize_fused(weight, scale, scale_inv, dtype,
+                                              transpose_padding=1 if transpose else None,
+                                              amax=self._amaxes[WEIGHT] if record else None)
+            return Fp8Tensor(data, scale, scale_inv, transposed)
+        quantized = self.quantize(weight, WEIGHT, record)
+        if transpose:
+            quantized = quantized._replace(transposed=quantize_transposed(weight, quantized.scale, dtype))
+        return quantized
+
+    def drop_quantized_weight(self) -> None:
+        """Forget this step's q_W and q_W^T (the next use quantizes the weight again)."""
+        self._weight = None
 
     def _apply(self, fn, recurse=True):
         """Device moves apply to `meta`; dtype casts (Float16Module's `.to(bfloat16)`) do not: scales and
@@ -84,6 +164,7 @@ class Fp8Scaling(torch.nn.Module):
         if self.meta is not None:
             target = fn(torch.empty(0, device=self.meta.device))
             self.meta = self.meta.to(device=target.device)
+        self._bind_state()
         return self
 
     def extra_repr(self) -> str:
@@ -91,9 +172,8 @@ class Fp8Scaling(torch.nn.Module):
 
 
 def fp8_scalings(model_chunks: list) -> list:
-    """The delayed-scaling states of every FP8 GEMM in `model_chunks`, in module order."""
-    return [module for chunk in model_chunks for module in chunk.modules()
-            if isinstance(module, Fp8Scaling) and module.meta is not None]
+    """The `Fp8Scaling` of every FP8 GEMM in `model_chunks`, in module order."""
+    return [module for chunk in model_chunks for module in chunk.modules() if isinstance(module, Fp8Scaling)]
 
 
 def _amax_reduction_group():
@@ -103,12 +183,23 @@ def _amax_reduction_group():
     return group if dist.get_world_size(group) > 1 else None
 
 
+@functools.cache
+def _fp8_maxima(dtypes: tuple, device: torch.device) -> torch.Tensor:
+    """[3] the largest value of each operand's FP8 format, made once: a copy from the host is not allowed
+    while the step is captured in a CUDA graph."""
+    return torch.tensor([FP8_MAX[dtype] for dtype in dtypes], device=device)
+
+
 @torch.no_grad()
 def update_fp8_scaling(model_chunks: list) -> None:
     """The step-end update of every delayed-scaling state in `model_chunks` (module docstring), batched:
     a fixed number of kernels and one all-reduce whatever the number of layers. Collective over the
-    tensor x data x context-parallel group; call it after the step's last backward, on every rank."""
+    tensor x data x context-parallel group; call it after the step's last backward, on every rank. It also
+    drops the step's quantized weights (the optimizer is about to change the weights, the scales change)."""
     scalings = fp8_scalings(model_chunks)
+    for scaling in scalings:
+        scaling.drop_quantized_weight()
+    scalings = [scaling for scaling in scalings if scaling.meta is not None]
     if not scalings:
         return
     recipe = scalings[0].recipe
@@ -122,7 +213,7 @@ def update_fp8_scaling(model_chunks: list) -> None:
         dist.all_reduce(running, op=dist.ReduceOp.MAX, group=group)
         history[:, 0] = running
     amax = history[:, 0] if recipe.amax_compute_algo == "most_recent" else history.amax(dim=1)  # [S, 3]
-    fp8_max = torch.tensor([FP8_MAX[dtype] for dtype in scalings[0].dtypes], device=metas.device)
+    fp8_max = _fp8_maxima(scalings[0].dtypes, metas.device)
     metas[:, 0] = scale_from_amax(amax, fp8_max, recipe.margin, metas[:, 0])
     metas[:, 1:] = history.roll(-1, dims=1)
     metas[:, 1] = 0.0
@@ -142,6 +233,8 @@ def load_fp8_extra_state(module, state_dict, prefix, local_metadata, strict, mis
     layer's scaling state from it (see the module docstring for the cases without one)."""
     saved = state_dict.pop(prefix + EXTRA_STATE_KEY, None)
     scaling = module.fp8
+    if scaling is not None:
+        scaling.drop_quantized_weight()  # the weight is being loaded too
     if saved is None or scaling is None or scaling.meta is None:
         return
     if not isinstance(saved, torch.Tensor) or saved.shape != scaling.meta.shape:

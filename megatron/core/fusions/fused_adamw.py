@@ -33,7 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 _TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
-BLOCK = 2048  # elements per Triton program
+BLOCK = 1024  # elements per Triton program (1024 x 4 warps: 3.35 TB/s on an H200, 2048: 2.66)
+NUM_WARPS = 4
 _GROUP_FIELDS = 7  # lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)
 
 if _TRITON_AVAILABLE:
@@ -44,10 +45,13 @@ if _TRITON_AVAILABLE:
     # has locals of those names (a kernel argument `params` arrives as a dict in Triton 3.6).
     @triton.jit
     def _adamw_kernel(
-        block_tensor, block_start, numels, tensor_group, group_table, grad_scale,
+        block_tensor, block_start, numels, tensor_group, group_table, grad_scale, skip,
         grad_pointers, main_param_pointers, exp_avg_pointers, exp_avg_sq_pointers, model_param_pointers,
-        HAS_GRAD_SCALE: tl.constexpr, MODEL_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        HAS_GRAD_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, MODEL_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     ):
+        if HAS_SKIP:
+            if tl.load(skip) != 0:  # the update was vetoed on the device (a bad step): write nothing
+                return
         block = tl.program_id(0)
         tensor = tl.load(block_tensor + block)
         offsets = tl.load(block_start + block) + tl.arange(0, BLOCK_SIZE)
@@ -87,14 +91,14 @@ class _LaunchTable:
     pointers, sizes and param groups."""
 
     def __init__(self, entries: List[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                           Optional[torch.Tensor]]], device: torch.device):
+                                           Optional[torch.Tensor]]], device: torch.device, block: int):
         groups, grads, params, exp_avgs, exp_avg_sqs, models, numels = [], [], [], [], [], [], []
         block_tensor, block_start = [], []
         for index, (group, param, grad, exp_avg, exp_avg_sq, model) in enumerate(entries):
             numel = param.numel()
-            blocks = (numel + BLOCK - 1) // BLOCK
+            blocks = (numel + block - 1) // block
             block_tensor += [index] * blocks
-            block_start += range(0, blocks * BLOCK, BLOCK)
+            block_start += range(0, blocks * block, block)
             groups.append(group)
             numels.append(numel)
             for table, tensor in ((grads, grad), (params, param), (exp_avgs, exp_avg), (exp_avg_sqs, exp_avg_sq)):
@@ -125,8 +129,9 @@ class FusedAdamW:
     torch's fused AdamW keeps it), so checkpoints and a later `optimizer.step()` see no difference.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer, block_size: int = BLOCK, num_warps: int = NUM_WARPS):
         self.optimizer = optimizer
+        self.block_size, self.num_warps = block_size, num_warps
         self._signature = None
         self._launches: Dict[Optional[torch.dtype], _LaunchTable] = {}
         self._step_tensors: List[torch.Tensor] = []
@@ -176,7 +181,7 @@ class FusedAdamW:
         for entry in entries:
             model = entry[5]
             by_dtype.setdefault(None if model is None else model.dtype, []).append(entry)
-        self._launches = {dtype: _LaunchTable(group, device) for dtype, group in by_dtype.items()}
+        self._launches = {dtype: _LaunchTable(group, device, self.block_size) for dtype, group in by_dtype.items()}
         self._step_tensors = [self.optimizer.state[entry[1]]["step"] for entry in entries]
         # Every param of a group is at the same step (torch increments them together); one read, here only.
         first_of_group = {}
@@ -201,10 +206,14 @@ class FusedAdamW:
 
     @torch.no_grad()
     def step(self, model_of: Dict[torch.Tensor, Optional[torch.Tensor]],
-             grad_scale: Optional[torch.Tensor] = None) -> None:
+             grad_scale: Optional[torch.Tensor] = None, skip: Optional[torch.Tensor] = None) -> None:
         """One AdamW step of every main param with a gradient, writing `model_of[main_param]` (a bf16/fp16
         tensor of the same shape, or None for params that are their own main param). `grad_scale`: a
-        1-element fp32 tensor every gradient is divided by (gradient clipping), or None."""
+        1-element fp32 tensor every gradient is divided by (gradient clipping), or None.
+
+        `skip`: a 1-element int32 tensor on the device; when nonzero the step changes nothing (params, moments
+        and the step counts stay), decided without the host. The host's own count of steps (for the bias
+        corrections) advances regardless: call `rewind()` once the host knows the step was skipped."""
         entries = self._entries(model_of)
         if not entries:
             return
@@ -219,10 +228,18 @@ class FusedAdamW:
         self._group_steps = [step + 1 for step in self._group_steps]
         device = entries[0][1].device
         group_table = self._group_table(device)
-        torch._foreach_add_(self._step_tensors, 1.0)
+        if skip is None:
+            torch._foreach_add_(self._step_tensors, 1.0)
+        else:
+            torch._foreach_add_(self._step_tensors, (1 - skip).float().reshape(()))
         for model_dtype, table in self._launches.items():
             _adamw_kernel[(table.num_blocks,)](
                 table.block_tensor, table.block_start, table.numels, table.tensor_group, group_table,
-                grad_scale if grad_scale is not None else group_table, *table.pointers,
-                HAS_GRAD_SCALE=grad_scale is not None, MODEL_DTYPE=_TRITON_DTYPES[model_dtype], BLOCK_SIZE=BLOCK,
+                grad_scale if grad_scale is not None else group_table, skip if skip is not None else group_table,
+                *table.pointers, HAS_GRAD_SCALE=grad_scale is not None, HAS_SKIP=skip is not None,
+                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], BLOCK_SIZE=self.block_size, num_warps=self.num_warps,
             )
+
+    def rewind(self) -> None:
+        """Takes back the host's count of the last step, which `skip` turned into no step on the device."""
+        self._group_steps = [step - 1 for step in self._group_steps]

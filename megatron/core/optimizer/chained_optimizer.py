@@ -60,8 +60,15 @@ class ChainedOptimizer(MegatronOptimizer):
             optimizer.update_loss_scale(found_inf)
 
     @torch.no_grad()
-    def step_with_ready_grads(self) -> bool:
-        return all([optimizer.step_with_ready_grads() for optimizer in self.chained_optimizers])
+    def step_with_ready_grads(self, skip=None) -> bool:
+        return all([optimizer.step_with_ready_grads(skip) for optimizer in self.chained_optimizers])
+
+    def supports_device_veto(self) -> bool:
+        return all(optimizer.supports_device_veto() for optimizer in self.chained_optimizers)
+
+    def rewind_vetoed_update(self) -> None:
+        for optimizer in self.chained_optimizers:
+            optimizer.rewind_vetoed_update()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.chained_optimizers:

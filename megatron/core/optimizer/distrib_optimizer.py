@@ -193,9 +193,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             torch._foreach_copy_(main_shards, model_shards)
 
     @torch.no_grad()
-    def step_with_ready_grads(self) -> bool:
-        """Adam on the shards, then every rank's params are refreshed by the all-gather."""
-        update_successful = super().step_with_ready_grads()
+    def step_with_ready_grads(self, skip=None) -> bool:
+        """Adam on the shards, then every rank's params are refreshed by the all-gather (of unchanged shards
+        where `skip` vetoed the update)."""
+        update_successful = super().step_with_ready_grads(skip)
         with self._timed("params-all-gather"):
             for buffer in self.buffers:
                 buffer.start_param_sync()

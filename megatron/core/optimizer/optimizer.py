@@ -155,11 +155,17 @@ class MegatronOptimizer(ABC):
         return update_successful, grad_norm, num_zeros_in_grad
 
     @torch.no_grad()
-    def step_with_device_grad_norm(self):
+    def step_with_device_grad_norm(self, veto=None):
         """`step()` without its host sync at the end: where the fused Adam kernel clips (below), grad_norm
         comes back as a 1-element tensor on the device, queued behind the update, so the host can go on
         queueing the next iteration while the GPU still runs this update (pretrain()'s loop reads it only
-        when it logs). Elsewhere it returns what `step()` returns."""
+        when it logs). Elsewhere it returns what `step()` returns.
+
+        `veto(grad_norm)`, when given (the training loop's bad-step check), is called once the gradient norm
+        is known and before the update. It returns True to skip the update (then `(False, grad_norm, None)`
+        comes back), False to go on, or, where `supports_device_veto()`, a 1-element int32 device tensor: the
+        update then runs on the device only where it is 0, and the host calls `rewind_vetoed_update()` if it
+        later learns it was not."""
         if self.prepare_grads():
             return False, None, None
         inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
@@ -168,24 +174,35 @@ class MegatronOptimizer(ABC):
             if clip_in_update:
                 # The fused Adam kernel divides every gradient by `grad_scale` as it reads it, so clipping
                 # by max_norm / (norm + 1e-6) costs no pass of its own and no host sync.
-                norm = grad_norm_fp32_tensor(
+                grad_norm = grad_norm_fp32_tensor(
                     self.get_main_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
                 )
-                self.optimizer.grad_scale = ((norm + 1.0e-6) / self.config.clip_grad).clamp(min=1.0)
-            elif self.config.clip_grad > 0.0:
-                grad_norm = self.clip_grad_norm(self.config.clip_grad)
             else:
                 grad_norm = self.get_grad_norm()
+        verdict = veto(grad_norm) if veto is not None else False
+        if verdict is True:
+            return False, grad_norm, None
+        with self._timed("optimizer-clip-main-grad"):
+            if clip_in_update:
+                self.optimizer.grad_scale = ((grad_norm + 1.0e-6) / self.config.clip_grad).clamp(min=1.0)
+            elif self.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(self.get_parameters(), self.config.clip_grad, grad_norm)
         with self._timed("optimizer-count-zeros"):
             num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
         try:
-            update_successful = self.step_with_ready_grads()
+            update_successful = self.step_with_ready_grads(skip=verdict if torch.is_tensor(verdict) else None)
         finally:
             if clip_in_update:
                 del self.optimizer.grad_scale
-        if clip_in_update:
-            grad_norm = norm
         return update_successful, grad_norm, num_zeros_in_grad
+
+    def supports_device_veto(self) -> bool:
+        """Whether `step_with_device_grad_norm` can skip an update on the device (see there)."""
+        return False
+
+    def rewind_vetoed_update(self) -> None:
+        """Takes back the host's side of the last update, which a device veto skipped."""
+        raise RuntimeError(f"{type(self).__name__} does not skip updates on the device")
 
     @torch.no_grad()
     def prepare_grads(self) -> bool:
@@ -207,8 +224,9 @@ class MegatronOptimizer(ABC):
         return None
 
     @abstractmethod
-    def step_with_ready_grads(self) -> bool:
-        """Runs the inner optimizer on prepared gradients; returns whether the update happened."""
+    def step_with_ready_grads(self, skip: Optional[torch.Tensor] = None) -> bool:
+        """Runs the inner optimizer on prepared gradients; returns whether the update happened. `skip`: a
+        device veto (`step_with_device_grad_norm`), only where `supports_device_veto()`."""
 
     @abstractmethod
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -289,18 +307,30 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         if self.grad_scaler is not None:
             self.grad_scaler.update(found_inf)
 
-    @torch.no_grad()
-    def step_with_ready_grads(self) -> bool:
-        """AdamW on the main params and the copy into the model params: one Triton kernel on a GPU
-        (fusions/fused_adamw.py), else the inner optimizer's step followed by a foreach copy."""
+    def _fused(self):
+        """(FusedAdamW, main -> model params) where the Triton AdamW applies, else False; decided once."""
         if self._fused_adamw is None:
             supported = FusedAdamW.supports(self.optimizer, self.get_parameters())
             self._fused_adamw = (FusedAdamW(self.optimizer), self._main_to_model_params()) if supported else False
-        if self._fused_adamw:
-            fused, model_of = self._fused_adamw
+        return self._fused_adamw
+
+    def supports_device_veto(self) -> bool:
+        return bool(self._fused()) and self.grad_scaler is None
+
+    def rewind_vetoed_update(self) -> None:
+        self._fused()[0].rewind()
+
+    @torch.no_grad()
+    def step_with_ready_grads(self, skip: Optional[torch.Tensor] = None) -> bool:
+        """AdamW on the main params and the copy into the model params: one Triton kernel on a GPU
+        (fusions/fused_adamw.py), else the inner optimizer's step followed by a foreach copy."""
+        if self._fused():
+            fused, model_of = self._fused()
             with self._timed("optimizer-inner-step"):
-                fused.step(model_of, getattr(self.optimizer, "grad_scale", None))
+                fused.step(model_of, getattr(self.optimizer, "grad_scale", None), skip=skip)
             return True
+        if skip is not None:
+            raise ValueError("this optimizer cannot skip an update on the device (supports_device_veto() is False)")
         with self._timed("optimizer-inner-step"):
             self.optimizer.step()
         with self._timed("optimizer-copy-main-to-model-params"):
@@ -463,7 +493,9 @@ class FP32Optimizer(MegatronOptimizer):
         return False
 
     @torch.no_grad()
-    def step_with_ready_grads(self) -> bool:
+    def step_with_ready_grads(self, skip: Optional[torch.Tensor] = None) -> bool:
+        if skip is not None:
+            raise ValueError("FP32Optimizer cannot skip an update on the device")
         with self._timed("optimizer-inner-step"):
             self.optimizer.step()
         return True

@@ -54,6 +54,23 @@ def _ignored(reason: str) -> Translator:
     return translate
 
 
+def _cuda_graph_scope(args, flag, given, problems):
+    """Megatron-LM's migration: the scope `full_iteration` (with --cuda-graph-impl local or --enable-cuda-graph)
+    is --cuda-graph-impl full_iteration; the other scopes are --cuda-graph-modules."""
+    scopes = list(given or [])
+    if "full_iteration" in scopes:
+        scopes.remove("full_iteration")
+        if args.cuda_graph_impl not in ("none", "local", "full_iteration"):
+            problems.append(f"{flag} full_iteration cannot go with --cuda-graph-impl {args.cuda_graph_impl}")
+            return None
+        args.cuda_graph_impl = "full_iteration"
+    modules = [scope for scope in scopes if scope != "full"]  # "full": the whole layer, i.e. no module list
+    if modules:
+        args.cuda_graph_modules = modules
+    return "use --cuda-graph-impl full_iteration" if args.cuda_graph_impl == "full_iteration" else \
+        "use --cuda-graph-modules"
+
+
 def _removed(replacement: str) -> Translator:
     def translate(args, flag, given, problems):
         problems.append(f"{flag} was removed from Megatron-LM: {replacement}")
@@ -119,6 +136,9 @@ DEPRECATED_FLAGS = (
                          unset=False)),
     _Deprecated(("--fp8-e4m3",), "fp8_e4m3", _maps_to("--fp8-format", "fp8", "e4m3")),
     _Deprecated(("--fp8-hybrid",), "fp8_hybrid", _maps_to("--fp8-format", "fp8", "hybrid")),
+    _Deprecated(("--enable-cuda-graph",), "enable_cuda_graph",
+                _maps_to("--cuda-graph-impl", "cuda_graph_impl", "local", unset="none")),
+    _Deprecated(("--cuda-graph-scope",), "cuda_graph_scope", _cuda_graph_scope, {"nargs": "*"}),
     _Deprecated(("--use-dist-ckpt",), "use_dist_ckpt",
                 _maps_to("--ckpt-format", "ckpt_format", "torch_dist", unset="torch_dist")),
     _Deprecated(("--dist-ckpt-format",), "dist_ckpt_format", _ignored("use --ckpt-format"), {}),

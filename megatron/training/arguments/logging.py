@@ -39,15 +39,19 @@ def _add_logging_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     group.add_argument("--wandb-entity", type=str, default=None, help="Weights & Biases entity.")
     group.add_argument("--logging-level", type=int, default=None, help="Level of the Python logging module.")
     group.add_argument("--profile", action="store_true",
-                       help="Profile iterations --profile-step-start to --profile-step-end (nsys, or the "
-                            "PyTorch profiler with --use-pytorch-profiler).")
+                       help="Profile iterations --profile-step-start to --profile-step-end - 1: with nsys through "
+                            "cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi), or with "
+                            "torch.profiler given --use-pytorch-profiler.")
     group.add_argument("--profile-step-start", type=int, default=10, help="First profiled iteration.")
     group.add_argument("--profile-step-end", type=int, default=12, help="Iteration where profiling stops.")
     group.add_argument("--use-pytorch-profiler", action="store_true",
-                       help="Profile with torch.profiler and write a TensorBoard trace.")
-    group.add_argument("--profile-ranks", nargs="+", type=int, default=[0], help="Global ranks to profile.")
+                       help="With --profile: torch.profiler, a Chrome trace per rank in "
+                            "<tensorboard-dir>/../torch_profile/ and a kernel-time summary on the console.")
+    group.add_argument("--profile-ranks", nargs="*", type=int, default=[],
+                       help="Global ranks to profile (and to record memory history on); none given: all ranks.")
     group.add_argument("--record-memory-history", action="store_true",
-                       help="Record CUDA allocator history on the last rank.")
+                       help="Record the CUDA allocator's history from start-up and dump it at every logged "
+                            "iteration (and on out-of-memory) to --memory-snapshot-path, per rank.")
     group.add_argument("--memory-snapshot-path", type=str, default="snapshot.pickle",
-                       help="Where --record-memory-history writes its snapshot.")
+                       help="Where --record-memory-history writes its snapshot (<base>_<rank><ext>).")
     return parser

@@ -99,4 +99,14 @@ def _add_fusion_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                        help="Use the fused cross-entropy kernel.")
     group.add_argument("--use-torch-compile", action="store_true",
                        help="Compile each transformer layer's training step with torch.compile on CUDA.")
+    group.add_argument("--cuda-graph-impl", default="none", choices=["none", "local", "transformer_engine",
+                                                                      "full_iteration"],
+                       help="full_iteration: replay each training iteration's forward and backward passes from "
+                            "one CUDA graph (one GPU; see the README's performance section). local and "
+                            "transformer_engine (per-layer graphs) are not built yet.")
+    group.add_argument("--cuda-graph-warmup-steps", type=int, default=3,
+                       help="Eager iterations before the CUDA graph is captured.")
+    group.add_argument("--cuda-graph-modules", nargs="*", default=[],
+                       help="Parts of each layer captured by per-layer CUDA graphs (not built yet; must be empty "
+                            "with --cuda-graph-impl full_iteration).")
     return parser

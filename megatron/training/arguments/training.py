@@ -54,11 +54,13 @@ def _add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group.add_argument("--manual-gc", action="store_true",
                        help="Disable Python's automatic garbage collection and collect on a schedule.")
     group.add_argument("--manual-gc-interval", type=int, default=0,
-                       help="Iterations between manual collections (0: only around evaluation).")
+                       help="Iterations between manual collections (0: none in training; evaluation still "
+                            "collects unless --no-manual-gc-eval).")
     group.add_argument("--no-manual-gc-eval", action="store_false", dest="manual_gc_eval",
                        help="With --manual-gc, do not collect around evaluation.")
     group.add_argument("--empty-unused-memory-level", type=int, default=0, choices=[0, 1, 2],
-                       help="Call torch.cuda.empty_cache(): 0 never, 1 after each iteration, 2 also mid-step.")
+                       help="Call torch.cuda.empty_cache(): 0 never, 1 after the forward-backward pass, 2 also "
+                            "after the optimizer step.")
     group.add_argument("--use-cpu-initialization", action="store_true", default=None,
                        help="Initialise full weights on the CPU then split them (same init for every TP size).")
     return parser

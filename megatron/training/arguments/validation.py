@@ -11,6 +11,7 @@ import torch
 
 from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
+from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_fp8 import check_fp8
@@ -124,6 +125,14 @@ def _check_checkpointing(args, problems) -> None:
         args.exit_on_missing_checkpoint = True
 
 
+def _check_profiling(args, problems) -> None:
+    if args.profile and args.profile_step_end <= args.profile_step_start:
+        problems.append(f"--profile-step-end {args.profile_step_end} must be above --profile-step-start "
+                        f"{args.profile_step_start} (iterations start to end - 1 are profiled)")
+    if args.manual_gc_interval < 0:
+        problems.append(f"--manual-gc-interval {args.manual_gc_interval} must be >= 0")
+
+
 def _start_counters(args) -> None:
     args.consumed_train_samples = 0
     args.skipped_train_samples = 0
@@ -158,9 +167,11 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     check_learning_rate(args, problems)
     _derive_precision(args, problems)
     check_fp8(args, problems)
+    check_cuda_graph(args, problems)
     _check_data(args, problems)
     _check_checkpointing(args, problems)
     check_resilience(args, problems)
+    _check_profiling(args, problems)
     _start_counters(args)
     problems.extend(find_unsupported(args))
     if problems:

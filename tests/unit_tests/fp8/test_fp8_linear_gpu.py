@@ -10,7 +10,9 @@ H100 (2026-11-26) it missed 1e-4 at the 4096-token shapes while the same GEMM's 
 Hopper's FP8 tensor cores keep ~14-bit partial sums even where cuBLAS promotes them to fp32 in intervals
 (DeepSeek-V3 report, section 3.3.2), so fp32 main_grad is checked for where dW goes, not for more precision
 than the FP8 GEMM has.
-The compiled quantizations equal the eager functions bitwise (1 ulp for the reciprocal scale).
+The compiled quantizations equal the eager functions bitwise (1 ulp for the reciprocal scale), and so does
+the Triton kernel that the scaling state uses on the GPU (triton_quantize.py), its 1 / scale included, for
+every bf16 value (NaN, inf, subnormals) and at the model's shapes.
 """
 
 import pytest
@@ -23,6 +25,7 @@ from megatron.core.fp8.quantize import (
     quantize_with_amax,
     quantize_with_amax_and_transpose,
 )
+from megatron.core.fp8.triton_quantize import TRITON_AVAILABLE, quantize_fused
 from tests.unit_tests.fp8.test_fp8_linear import CASES, check_against_reference
 
 pytestmark = [
@@ -72,3 +75,26 @@ def test_compiled_quantizations_equal_the_eager_functions(rows, columns, dtype):
     for current in (quantize_current, quantize_current_and_transpose):
         assert_same(current(x, dtype, 1), current.eager(x, dtype, 1))
     assert_same([quantize_transposed(x, scale, dtype)], [quantize_transposed.eager(x, scale, dtype)])
+
+
+@pytest.mark.skipif(not TRITON_AVAILABLE, reason="needs Triton")
+@pytest.mark.parametrize("rows, columns", [(4096, 3072), (15, 48), (3072, 16384), (256, 256)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_triton_kernel_equals_the_eager_functions(rows, columns, dtype):
+    """(256, 256): every bf16 bit pattern once, at scales below, across and beyond the FP8 range."""
+    if (rows, columns) == (256, 256):
+        x = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).view(256, 256).cuda()
+        scales = (1.0, 7.3, 2.0**-20, 2.0**40, 3.0e38)
+    else:
+        x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16) * 3
+        scales = (50.0,)
+    for value in scales:
+        scale, scale_inv, running = (torch.tensor(v, device="cuda") for v in (value, 0.0, 0.0))
+        data, transposed, expected_inv, amax = quantize_with_amax_and_transpose.eager(x, scale, dtype)
+        q, qt = quantize_fused(x, scale, scale_inv, dtype, transpose_padding=16, amax=running)
+        assert torch.equal(q.view(torch.uint8), data.view(torch.uint8)), value
+        assert torch.equal(qt.view(torch.uint8), transposed.view(torch.uint8)), value
+        assert torch.equal(running, amax) or (running.isnan() and amax.isnan())
+        assert torch.equal(scale_inv, expected_inv), value
+        _, weight_t = quantize_fused(x, scale, scale_inv, dtype, data=False, transpose_padding=1)
+        assert torch.equal(weight_t.view(torch.uint8), quantize_transposed.eager(x, scale, dtype).view(torch.uint8))

@@ -57,7 +57,15 @@ def check(device, exact_copy):
             for group in torch_adamw.param_groups + optimizer.param_groups:
                 group["lr"] *= 0.5
         torch_adamw.step()
-        fused.step(dict(zip(main, model)), grad_scale)
+        if step == 1:  # a step vetoed on the device changes nothing; the host count is taken back
+            before = [param.clone() for param in main] + [copy.deepcopy(optimizer.state[param]) for param in main]
+            fused.step(dict(zip(main, model)), grad_scale, skip=torch.ones(1, dtype=torch.int32, device=device))
+            fused.rewind()
+            after = [param.clone() for param in main] + [copy.deepcopy(optimizer.state[param]) for param in main]
+            assert all(torch.equal(x, y) if torch.is_tensor(x) else
+                       all(torch.equal(x[key], y[key]) for key in x) for x, y in zip(before, after))
+        skip = torch.zeros(1, dtype=torch.int32, device=device) if step == 3 else None
+        fused.step(dict(zip(main, model)), grad_scale, skip=skip)
         for ours, theirs in zip(main, reference):
             torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
             for key in ("exp_avg", "exp_avg_sq"):

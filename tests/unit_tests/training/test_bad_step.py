@@ -18,7 +18,8 @@ from tests.unit_tests.dist_utils import run_distributed
 
 def _args(**overrides):
     settings = dict(check_for_nan_in_loss_and_grad=True, check_for_spiky_loss=False, bad_step_policy="stop",
-                    bad_step_skip_budget=1, spiky_loss_factor=2.0, spiky_loss_window=3, overlap_grad_reduce=False)
+                    bad_step_skip_budget=1, spiky_loss_factor=2.0, spiky_loss_window=3, overlap_grad_reduce=False,
+                    cuda_graph_impl="none")
     settings.update(overrides)
     return SimpleNamespace(**settings)
 
@@ -31,7 +32,8 @@ def _all_reduce_grads(model, *unused):
 
 
 def _step(guard, model, poison_grads: bool, loss_value: float = 1.0):
-    """Backward through `model`, the finalize hook, then the guard's verdict (or BadStepStop)."""
+    """Backward through `model`, the finalize hook, the gradient norm, then the guard's verdict (or
+    BadStepStop)."""
     model[0].zero_grad()
     output = model[0](torch.ones(2, 4)).sum()
     if poison_grads:
@@ -39,7 +41,8 @@ def _step(guard, model, poison_grads: bool, loss_value: float = 1.0):
     output.backward()
     guard.wrap_finalize(_all_reduce_grads, model)(model)
     reports = [{"lm loss": torch.tensor([loss_value * 8, 8.0])}]
-    return guard.inspect(reports, {"lm loss": torch.tensor(loss_value)}, model)
+    grad_norm = torch.stack([param.grad.norm() for param in model[0].parameters()]).norm()
+    return guard.check(reports, {"lm loss": torch.tensor(loss_value)}, grad_norm, scheduler_increment=8)
 
 
 def _poisoned_gradients_on_rank_1(rank, world_size):
@@ -114,3 +117,58 @@ def test_stop_restores_the_generators_of_before_the_bad_step(seeded, capsys):
 def test_nothing_is_checked_when_both_checks_are_off(seeded):
     guard = BadStepGuard(_args(check_for_nan_in_loss_and_grad=False), start_iteration=0)
     assert _step(guard, [torch.nn.Linear(4, 3)], poison_grads=True, loss_value=float("nan")) is False
+
+
+class _DeviceVetoOptimizer:
+    """An optimizer that skips vetoed updates itself (as the fused AdamW does on a GPU)."""
+
+    def __init__(self):
+        self.rewinds = 0
+
+    def supports_device_veto(self):
+        return True
+
+    def rewind_vetoed_update(self):
+        self.rewinds += 1
+
+
+class _Scheduler:
+    def __init__(self):
+        self.num_steps = 0
+
+    def step(self, increment):
+        self.num_steps += increment
+
+
+def test_a_verdict_left_on_the_device_is_settled_at_the_next_check(seeded, capsys):
+    optimizer, scheduler = _DeviceVetoOptimizer(), _Scheduler()
+    guard = BadStepGuard(_args(bad_step_policy="skip", bad_step_skip_budget=1), 20, optimizer, scheduler)
+    model = [torch.nn.Linear(4, 3)]
+    assert guard.defers
+    verdicts = []
+    for poison in (False, True):
+        verdicts.append(_step(guard, model, poison_grads=poison))
+        scheduler.step(8)  # the loop steps the scheduler for every update not skipped at once
+    assert [int(verdict) for verdict in verdicts] == [0, 1] and guard.device_veto is verdicts[-1]
+    assert optimizer.rewinds == 0 and scheduler.num_steps == 16  # nothing is known on the host yet
+    _step(guard, model, poison_grads=False)  # settles iteration 22: skipped, its scheduler step taken back
+    assert optimizer.rewinds == 1 and scheduler.num_steps == 8
+    assert "bad step at iteration 22: non-finite gradients on rank(s) [0] (the global gradient norm); skipping" in \
+        capsys.readouterr().out
+    scheduler.step(8)
+    _step(guard, model, poison_grads=True)  # iteration 24, over the budget: found at the end of the run
+    scheduler.step(8)
+    with pytest.raises(BadStepStop, match="iteration 24: .*--bad-step-skip-budget 1 is used up") as stopped:
+        guard.resolve()
+    assert stopped.value.iteration == 23 and optimizer.rewinds == 2 and scheduler.num_steps == 16
+
+
+def test_a_deferred_stop_restores_the_generators_of_before_the_bad_step(seeded):
+    guard = BadStepGuard(_args(), 3, _DeviceVetoOptimizer(), _Scheduler())
+    before = torch.get_rng_state()
+    model = [torch.nn.Linear(4, 3)]  # draws from the generator, as the bad step's dropout would
+    _step(guard, model, poison_grads=False, loss_value=float("nan"))  # iteration 4, bad, not known yet
+    torch.rand(5)  # the next step's randomness
+    with pytest.raises(BadStepStop, match="iteration 4: non-finite loss") as stopped:
+        _step(guard, model, poison_grads=False)
+    assert stopped.value.iteration == 3 and torch.equal(torch.get_rng_state(), before)

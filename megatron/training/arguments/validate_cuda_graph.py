@@ -1,0 +1,37 @@
+"""`--cuda-graph-impl`: what a full-iteration CUDA graph can replay, checked before anything is built.
+
+A captured iteration (megatron/core/full_cuda_graph.py) replays fixed kernels on fixed addresses, so it
+needs fixed shapes, no host reads of device values and no generator swaps inside the forward and backward
+passes, and (for now) one process. Each run setting that breaks one of those is named with the reason.
+"""
+
+import torch
+
+
+def check_cuda_graph(args, problems: list) -> None:
+    impl = args.cuda_graph_impl
+    if impl in ("local", "transformer_engine"):
+        problems.append(f"--cuda-graph-impl {impl}: per-layer CUDA graphs are not supported yet; use "
+                        "--cuda-graph-impl full_iteration (one graph for the whole forward and backward pass)")
+        return
+    if impl != "full_iteration":
+        return
+    if args.cuda_graph_modules:
+        problems.append(f"--cuda-graph-modules {' '.join(args.cuda_graph_modules)} must be empty with "
+                        "--cuda-graph-impl full_iteration (it captures the whole iteration)")
+    if args.cuda_graph_warmup_steps < 1:
+        problems.append(f"--cuda-graph-warmup-steps {args.cuda_graph_warmup_steps} must be at least 1")
+    if not torch.cuda.is_available():
+        problems.append("--cuda-graph-impl full_iteration needs a CUDA device")
+    reasons = {
+        f"world size {args.world_size}": args.world_size > 1,  # collectives inside the graph: not yet
+        "--num-experts (MoE routing reads token counts on the host)": args.num_experts is not None,
+        f"--attention-dropout {args.attention_dropout} (its per-rank random stream is swapped in on the host)":
+            args.attention_dropout > 0,
+        f"--recompute-granularity {args.recompute_granularity} (recomputation replays random states)":
+            args.recompute_granularity is not None,
+        "--rampup-batch-size (the number of micro batches changes)": args.rampup_batch_size is not None,
+    }
+    for reason, applies in reasons.items():
+        if applies:
+            problems.append(f"--cuda-graph-impl full_iteration is not supported yet with {reason}")
