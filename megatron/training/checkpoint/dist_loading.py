@@ -11,8 +11,8 @@ buckets (dp_reshardable), which load into the distributed optimizer under the sa
 RNG state is only restored under the layout that saved it (as in Megatron-LM): another layout draws
 other random streams anyway.
 
-Which format a checkpoint has is told by its metadata.json. A format other than --ckpt-format is an
-error unless --auto-detect-ckpt-format is given.
+Which format a checkpoint has is told by its metadata.json; either format loads whatever --ckpt-format says
+(the format this run saves in), as in Megatron-LM main.
 """
 
 import glob
@@ -57,21 +57,18 @@ def _has_dcp_files(checkpoint_dir) -> bool:
 
 
 def detect_checkpoint_format(checkpoint_dir, args) -> str:
-    """"torch_dist" or "torch" for the iteration directory `checkpoint_dir`, checked against --ckpt-format
-    (a mismatch is an error without --auto-detect-ckpt-format)."""
+    """"torch_dist" or "torch" for the iteration directory `checkpoint_dir`, from its files. Either loads
+    whatever --ckpt-format says (which is the format this run saves in), as in Megatron-LM main."""
     found = "torch_dist" if is_distributed_checkpoint(checkpoint_dir) else "torch"
     if found == "torch" and _has_dcp_files(checkpoint_dir):
         raise ValueError(
             f"{checkpoint_dir} is an incompletely written distributed checkpoint (no metadata.json: its save was "
             "interrupted); load an earlier iteration with --ckpt-step"
         )
-    # Tools that read checkpoints without the training flags (text generation) expect the torch format.
-    wanted = getattr(args, "ckpt_format", "torch")
-    if found != wanted and not getattr(args, "auto_detect_ckpt_format", False):
-        raise ValueError(
-            f"{checkpoint_dir} is a {found} checkpoint but this run has --ckpt-format {wanted}: pass "
-            f"--ckpt-format {found}, or --auto-detect-ckpt-format to load either format"
-        )
+    wanted = getattr(args, "ckpt_format", None)
+    if wanted is not None and found != wanted and not getattr(args, "auto_detect_ckpt_format", False):
+        print_rank_0(f" {checkpoint_dir} is a {found} checkpoint; it is loaded as such, and this run saves in "
+                     f"--ckpt-format {wanted}")
     return found
 
 

@@ -303,8 +303,7 @@ def test_other_checkpoint_formats_are_refused(tmp_path):
 
     args.ckpt_format = "torch"
     (tmp_path / "iter_0000005").mkdir()
-    (tmp_path / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (tmp_path / "iter_0000005" / "__0_0.distcp").write_bytes(b"")  # a torch_dist save cut before metadata.json
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
-    with pytest.raises(ValueError, match="iter_0000005 is a torch_dist checkpoint but this run has --ckpt-format "
-                                         "torch: pass --ckpt-format torch_dist, or --auto-detect-ckpt-format"):
+    with pytest.raises(ValueError, match="iter_0000005 is an incompletely written distributed checkpoint"):
         load_checkpoint([model], optimizer, scheduler, args=args)
