@@ -29,8 +29,10 @@ def save_atomically(obj, filename) -> None:
     """`torch.save(obj, filename)`, crash-safe; saved arguments read as placeholders (another Megatron-LM's)
     are written back as they were."""
     args = obj.get("args") if isinstance(obj, dict) else None
-    pickle_module = tolerant_pickle_module if args is not None and holds_placeholders(args) else pickle
-    write_atomically(filename, lambda file: torch.save(obj, file, pickle_module=pickle_module))
+    if args is not None and holds_placeholders(args):
+        write_atomically(filename, lambda file: torch.save(obj, file, pickle_module=tolerant_pickle_module))
+    else:
+        write_atomically(filename, lambda file: torch.save(obj, file))
 
 
 def write_text_atomically(text: str, filename) -> None:
