@@ -10,8 +10,9 @@ main params). Tolerances, relative to Megatron-LM's printed losses (7 digits): f
 GPU and CPU fp32 GEMMs sum in other orders); bf16 1e-4 (measured 3.3e-5: bf16 GEMMs round their products and
 sums differently on a GPU and a CPU, and the runs compound it over 10 steps of Adam).
 
-Also: the unreadable Megatron classes in the saved arguments are named once; the torch and torch_dist
-checkpoints of the same run (the same weights) read alike; convert.py reads the torch_dist one and writes
+Also: a torch_dist checkpoint reshards (TP=1 plain Adam -> TP=2 distributed optimizer); the unreadable Megatron
+classes in the saved arguments are named once; the torch and torch_dist checkpoints of the same run (the same
+weights) read alike; convert.py reads the torch_dist one and writes
 torch-format files that read back to the same weights.
 """
 
@@ -27,6 +28,7 @@ from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
 
 from .harness import ROOT, run
+from .test_tensor_parallel_training import pretrain_gpt
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "megatron_lm")
 DATA = os.path.join(FIXTURES, "data")
@@ -68,6 +70,17 @@ def test_megatron_checkpoint_resumes_with_megatrons_losses(config, tmp_path):
     assert result.stdout.count("hold classes this installation does not have") == 1
     assert "inference_cuda_graph_scope = <unreadable megatron.core.transformer.enums.InferenceCudaGraphScope" in (
         result.stdout)
+
+
+def test_megatron_torch_dist_checkpoint_reshards_to_tp2_and_the_distributed_optimizer(tmp_path):
+    """Megatron-LM's TP=1 plain-Adam torch_dist checkpoint, resumed at TP=2 with the distributed optimizer (2
+    gloo processes): the losses of Megatron-LM's TP=1 run (fp32; the TP split reorders sums, 1e-5)."""
+    config = "dist-fp32-adam-tp1"
+    argv = resume_command(config, str(tmp_path)) + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
+    resumed = losses(pretrain_gpt(2, argv).stdout)
+    assert sorted(resumed) == list(range(11, 21))
+    for iteration, loss in resumed.items():
+        assert loss == pytest.approx(RUNS[config]["losses"][str(iteration)][0], rel=TOLERANCE["fp32"]), iteration
 
 
 def test_torch_and_torch_dist_checkpoints_of_one_run_read_alike_and_convert(tmp_path):
