@@ -1,5 +1,5 @@
 """The distributed optimizer's default torch_dist layout, Megatron-Core's "dp_reshardable": the state of
-each bucket of its DDP buffers as flat global tensors (m = rank in the model-parallel TP x PP group,
+each bucket of its DDP buffers as flat global tensors (m = rank in the model-parallel TP x PP group, for routed experts in the expert-TP x EP x PP one,
 g = buffer, b = bucket, dtypes = (param dtype, grad dtype) of the buffer):
 
     optimizer.distributed.dp_group_idx_{m}.gbuf_idx_{g}.dtype_{dtypes}.bucket_idx_{b}.{param|exp_avg|exp_avg_sq}
@@ -28,10 +28,15 @@ from megatron.core.optimizer.distrib_optimizer_state import STATE_KEYS, owned_st
 DP_RESHARDABLE = "dp_reshardable"
 
 
-def _group_prefix(prefix: str) -> str:
+def _group_prefix(sub, prefix: str) -> str:
+    """Megatron-Core's prefix of `sub`'s keys: its rank in the model-parallel group (TP x PP; for routed
+    experts the expert-TP x EP x PP group), which tells apart the data-parallel groups that write."""
     model_parallel_rank = 0
     if dist.is_initialized() and parallel_state.model_parallel_is_initialized():
-        model_parallel_rank = dist.get_rank(parallel_state.get_model_parallel_group())
+        experts = any(getattr(param, "allreduce", True) is False for param in sub.model_params)
+        group = (parallel_state.get_expert_tensor_model_pipeline_parallel_group() if experts
+                 else parallel_state.get_model_parallel_group())
+        model_parallel_rank = dist.get_rank(group)
     return f"{prefix}optimizer.distributed.dp_group_idx_{model_parallel_rank}."
 
 
@@ -62,7 +67,7 @@ def bucket_sharded_state_dict(sub, prefix: str = "", fill: bool = True) -> dict:
     """The entry of one distributed optimizer `sub` (see the module docstring); `prefix` is Megatron's
     `chained_{i}.` when there are several. With fill=False (a load request) the tensors are zeros that
     `apply_bucket_state` then copies into the optimizer."""
-    group_prefix = _group_prefix(prefix)
+    group_prefix = _group_prefix(sub, prefix)
     rank = dist.get_rank(sub.data_parallel_group)
     param_state = {}
     for buffer_index, buffer in enumerate(sub.buffers):
@@ -98,7 +103,7 @@ def apply_bucket_state(sub, entry: dict) -> None:
 def check_buckets(sub, saved_shapes: Dict[str, tuple], prefix: str = "") -> None:
     """Raises a ValueError naming the difference when the checkpoint's buckets (global shapes from its
     metadata) are not `sub`'s."""
-    group_prefix = _group_prefix(prefix)
+    group_prefix = _group_prefix(sub, prefix)
     for buffer_index, buffer in enumerate(sub.buffers):
         for bucket_index, bucket in enumerate(buffer.buckets):
             key = f"{group_prefix}gbuf_idx_{buffer_index}.dtype_{_dtypes(buffer)}.bucket_idx_{bucket_index}.param"
