@@ -92,9 +92,8 @@ DATA_ARGS+=(
     --num-workers 1
 )
 
-# Megatron's script saves with --ckpt-format torch_dist (sharded); that format comes with the
-# checkpoint-tools issue, so checkpoints here use the torch format.
 EVAL_AND_LOGGING_ARGS=(
+    --ckpt-format torch_dist
     --log-interval 1
     --log-throughput
     --eval-iters 32

@@ -111,6 +111,7 @@ def test_expert_parallel_checkpoint_of_pretrain_gpt_converts_to_ep1_and_mixtral(
     mixtral = TINY + NO_DROPOUT + LLAMA + ["--num-experts", "4", "--moe-router-topk", "2", "--train-iters", "3",
                                            "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0"]
     pretrain_gpt(2, mixtral + ["--expert-model-parallel-size", "2", "--save", str(tmp_path / "ep2"),
+                               "--ckpt-format", "torch",
                                "--save-interval", "2", "--tensorboard-dir", str(tmp_path / "ep2_tb")])
     assert sorted(os.listdir(tmp_path / "ep2" / "iter_0000002")) == ["mp_rank_00_000", "mp_rank_00_001"]
     convert(["--model-type", "GPT", "--load-dir", str(tmp_path / "ep2"), "--save-dir", str(tmp_path / "ep1"),

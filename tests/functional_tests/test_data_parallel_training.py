@@ -61,10 +61,11 @@ def _final_tensors(save_dir) -> dict:
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("data_parallel")
     run("pretrain_gpt.py", COMMON + ["--tensorboard-dir", str(work / "single_tb")], env={"CUDA_VISIBLE_DEVICES": ""})
-    _torchrun(COMMON + DATA_PARALLEL + ["--save", str(work / "ckpt"), "--save-interval", "3",
+    _torchrun(COMMON + DATA_PARALLEL + ["--save", str(work / "ckpt"), "--save-interval", "3", "--ckpt-format", "torch",
                                         "--tensorboard-dir", str(work / "dp2_tb")])
     _torchrun(COMMON + DATA_PARALLEL + ["--load", str(work / "ckpt"), "--ckpt-step", "3",
                                         "--save", str(work / "resumed_ckpt"), "--save-interval", "3",
+                                        "--ckpt-format", "torch",
                                         "--tensorboard-dir", str(work / "resumed_tb")])
     return work
 

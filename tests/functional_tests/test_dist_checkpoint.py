@@ -1,6 +1,7 @@
 """pretrain_gpt.py with --ckpt-format torch_dist under torchrun on the CPU: a checkpoint saved at TP=2 x PP=2
-(4 processes, distributed optimizer, --async-save) resumes at TP=1 x PP=1 (plain optimizer), TP=4
-(distributed optimizer) and PP=4 (plain optimizer), and the resumed losses equal the uninterrupted run's.
+(4 processes, distributed optimizer with --dist-ckpt-optim-fully-reshardable, --async-save) resumes at TP=1 x
+PP=1 (plain optimizer), TP=4 (distributed optimizer) and PP=4 (plain optimizer), and the resumed losses equal
+the uninterrupted run's.
 
 A 4-layer GPT-2-like model (tied embeddings: the last stage's output copy is not stored), dropout 0,
 `--use-cpu-initialization`; a vocabulary of 500 pads to 512 at TP 1, 2 and 4. Tolerance as in the
@@ -29,7 +30,8 @@ RESUMED = {
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("torch_dist")
     pretrain_gpt(4, COMMON + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                              "--use-distributed-optimizer", "--async-save", "--save", str(work / "straight"),
+                              "--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable", "--async-save",
+                              "--save", str(work / "straight"),
                               "--tensorboard-dir", str(work / "straight_tb")])
     losses = {"straight": read_scalars(str(work / "straight_tb"), "lm loss")}
     for name, (processes, flags) in RESUMED.items():
@@ -46,8 +48,7 @@ def test_tp2_pp2_save_is_a_sharded_directory_made_latest_after_the_background_wr
     for iteration in ("iter_0000002", "iter_0000004"):
         directory = work / "straight" / iteration
         assert sorted(os.listdir(directory)) == [
-            ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "common.pt",
-            "metadata.json"]
+            ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "metadata.json"]
         assert json.loads((directory / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
 
 

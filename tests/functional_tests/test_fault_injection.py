@@ -139,7 +139,8 @@ def test_job_survives_every_fault_with_the_uninterrupted_loss_trajectory(tmp_pat
     assert sorted(expected) == list(range(1, TRAIN_ITERS + 1))
 
     save = str(tmp_path / "ckpt")
-    job = flags + ["--save", save, "--save-interval", "2", "--auto-resume", "--exit-signal-handler",
+    job = flags + ["--save", save, "--save-interval", "2", "--ckpt-format", "torch", "--auto-resume",
+                   "--exit-signal-handler",
                    "--tensorboard-dir", str(tmp_path / "faulty")]
     entry = "tests/functional_tests/fault_injection_entry.py"
 

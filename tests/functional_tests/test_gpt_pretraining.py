@@ -61,7 +61,7 @@ def _final_weights(save_dir: str, iteration: int) -> dict:
 def test_resume_is_exact(tmp_path, dataset):
     # Dropout on, so the restored RNG state matters as much as weights, optimizer and data position.
     common = TINY_GPT + dataset + ["--train-iters", "20", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
-                                   "--log-interval", "1"]
+                                   "--log-interval", "1", "--ckpt-format", "torch"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     run("pretrain_gpt.py", common + ["--save", str(straight / "ckpt"), "--save-interval", "20",
                                      "--tensorboard-dir", str(straight / "tb")])
@@ -93,6 +93,7 @@ def test_codeparrot_tutorial_command_runs(tmp_path, dataset):
         "--min-lr", "1.0e-5", "--weight-decay", "1e-2", "--lr-warmup-fraction", ".01", "--clip-grad", "1.0",
         "--fp16", "--data-path", data_path, "--vocab-file", vocab, "--merge-file", merges,
         "--save", str(tmp_path / "checkpoints"), "--save-interval", "2", "--log-interval", "1",
+        "--ckpt-format", "torch",
         "--eval-interval", "2", "--eval-iters", "1", "--activations-checkpoint-method", "uniform",
     ])
     assert "iteration        4/       4" in result.stdout

@@ -57,7 +57,7 @@ def test_mixtral_shaped_model_learns_with_balanced_routing(tmp_path, dataset):  
     tensorboard, save = str(tmp_path / "tb"), str(tmp_path / "ckpt")
     run("pretrain_gpt.py", TINY_GPT + MIXTRAL_SHAPE + dataset + [
         "--train-iters", str(ITERATIONS), "--tensorboard-dir", tensorboard, "--save", save,
-        "--save-interval", str(ITERATIONS)])
+        "--save-interval", str(ITERATIONS), "--ckpt-format", "torch"])
     losses = read_scalars(tensorboard, "lm loss")
     balancing = read_scalars(tensorboard, "load_balancing_loss")
     assert sorted(losses) == sorted(balancing) == list(range(1, ITERATIONS + 1))

@@ -20,7 +20,7 @@ from .test_tensor_parallel_training import TINY, pretrain_gpt
 
 PIPELINE = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--hidden-dropout", "0.1",
             "--attention-dropout", "0.1", "--train-iters", "4", "--save-interval", "2", "--eval-interval", "2",
-            "--eval-iters", "1"]
+            "--eval-iters", "1", "--ckpt-format", "torch"]
 LAYOUTS = {
     "1F1B": ["--use-distributed-optimizer"],
     "interleaved": ["--num-layers-per-virtual-pipeline-stage", "1"],

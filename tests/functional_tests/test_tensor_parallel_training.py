@@ -108,7 +108,7 @@ def tp2_checkpoints(tmp_path_factory):
     work = tmp_path_factory.mktemp("tp2_resume")
     common = TINY + ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
                      "--attention-dropout", "0.1", "--train-iters", "4", "--save-interval", "2",
-                     "--use-distributed-optimizer"]
+                     "--use-distributed-optimizer", "--ckpt-format", "torch"]
     pretrain_gpt(2, common + ["--save", str(work / "straight"), "--tensorboard-dir", str(work / "straight_tb")])
     pretrain_gpt(2, common + ["--load", str(work / "straight"), "--ckpt-step", "2", "--save", str(work / "resumed"),
                          "--tensorboard-dir", str(work / "resumed_tb")])

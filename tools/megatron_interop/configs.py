@@ -7,8 +7,10 @@ A configuration is named `{format}-{precision}-{optimizer}-{layout}`:
 |---|---|---|
 | format | `torch`, `dist` | `--ckpt-format torch` / `torch_dist` |
 | precision | `fp32`, `bf16` | none / `--bf16` (fp32 main params in the optimizer) |
-| optimizer | `adam`, `distopt`, `distoptfr` | none / `--use-distributed-optimizer` / plus `--dist-ckpt-optim-fully-reshardable` (torch_dist only) |
-| layout | `tp1`, `tp2`, `pp2`, `dp2` | one process / `--tensor-model-parallel-size 2` / `--pipeline-model-parallel-size 2` / two data-parallel ranks (distributed optimizer only) |
+| optimizer | `adam`, `distopt`, `distoptfr` | none / `--use-distributed-optimizer` / plus |
+|  |  | `--dist-ckpt-optim-fully-reshardable` (torch_dist only) |
+| layout | `tp1`, `tp2`, `pp2`, `dp2` | one process / `--tensor-model-parallel-size 2` / |
+|  |  | `--pipeline-model-parallel-size 2` / two data-parallel ranks (distributed optimizer only) |
 
 Every run trains 20 iterations and saves at 10 and 20, logging every iteration, so a resume from the
 iteration-10 checkpoint can be compared with the uninterrupted losses of 11..20. Dropout is off and the seed

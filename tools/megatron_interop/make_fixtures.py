@@ -5,7 +5,8 @@ Megatron-LM, both with the real Megatron-LM (its `pretrain_gpt.py`, `--transform
     python tools/megatron_interop/make_fixtures.py --megatron .megatron-lm --gpus 2 --out $OUT
 
 `--gpus 1` runs the one-process configurations (`tp1`), `--gpus 2` the two-process ones (`tp2`, `pp2`, `dp2`);
-`configs.py` lists them. Two directions (`--direction`, default both):
+`configs.py` lists them. Two directions (`--direction`, default both; `self`: Megatron-LM resuming its own
+checkpoints, the baseline where it cannot resume a configuration at all):
 
 - `megatron`: Megatron-LM trains each configuration 20 iterations on `tests/fixtures/megatron_lm/data`,
   saving at 10; its iteration-10 checkpoint and the losses of all 20 iterations are the fixture that the CPU
@@ -111,6 +112,7 @@ class Runner:
                        paths=dict(self.paths, save=save or "", load=load or "", cache=os.path.join(folder, "cache")))
         visible = ",".join(str(g) for g in range(self.gpus)) if config.processes > 1 else str(gpu)
         env = self.megatron.environment(visible)
+        os.makedirs(folder, exist_ok=True)
         code, log, seconds = _launch(config.processes, self.megatron.script, argv, env, self.megatron.cwd,
                                      os.path.join(folder, "megatron.log"), self.deadline)
         return {"framework": "megatron-lm", "command": ["pretrain_gpt.py", *placeholders],
@@ -135,6 +137,21 @@ class Runner:
             keep_iteration(checkpoint, SAVE_ITERATION)
         return {"config": config.name, "direction": "megatron", "processes": config.processes,
                 "megatron_run": record}
+
+    def megatron_resumes_itself(self, config: Config, gpu: int, rtol: float) -> dict:
+        """Megatron-LM writes as in `megatron_writes`, then resumes its own iteration-10 checkpoint: the
+        baseline that `ours` is judged against where Megatron-LM itself cannot resume a configuration."""
+        result = self.megatron_writes(config, gpu)
+        result["direction"] = "self"
+        if result["megatron_run"]["exit_code"] != 0:
+            return result
+        folder = os.path.join(self.work, "megatron", config.name)
+        resumed = self._megatron_run(config, os.path.join(folder, "resume"), gpu, save=None,
+                                     load=os.path.join(folder, "checkpoint"))
+        result["megatron_resume"] = resumed
+        result["comparison"] = compare(result["megatron_run"]["losses"], resumed["losses"],
+                                       rtol if config.precision == "fp32" else None)
+        return result
 
     def megatron_loads_ours(self, config: Config, gpu: int, rtol: float) -> dict:
         """Ours trains 20 iterations on the CPU saving at 10; Megatron-LM resumes from 10 on the GPU."""
@@ -202,8 +219,9 @@ def pack(work: str, out: str) -> list[str]:
     """Tars the checkpoints and logs under `work` into `out/fixtures-N.tar.gz`, each under TAR_LIMIT."""
     members = []
     for direction in ("megatron", "ours"):
-        for name in sorted(os.listdir(os.path.join(work, direction))) if os.path.isdir(os.path.join(work, direction)) else []:
-            folder = os.path.join(work, direction, name)
+        top = os.path.join(work, direction)
+        for name in sorted(os.listdir(top)) if os.path.isdir(top) else []:
+            folder = os.path.join(top, name)
             for base, _, files in os.walk(folder):
                 for file in files:
                     path = os.path.join(base, file)
@@ -234,7 +252,8 @@ def main() -> None:
     parser.add_argument("--out", help="folder for results.json, summary.md, fixtures-N.tar.gz")
     parser.add_argument("--check-args", action="store_true",
                         help="only run Megatron-LM's argument validation on every command line (no GPU)")
-    parser.add_argument("--direction", choices=("megatron", "ours", "both"), default="both")
+    parser.add_argument("--direction", choices=("megatron", "ours", "both", "self"), default="both",
+                        help="self: Megatron-LM writes and resumes its own checkpoints (the baseline of `ours`)")
     parser.add_argument("--only", nargs="*", default=None, help="configuration names (default: all of --gpus)")
     parser.add_argument("--jobs", type=int, default=6, help="runs at the same time")
     parser.add_argument("--rtol", type=float, default=1e-5, help="fp32 loss tolerance of Megatron-LM's resume")
@@ -258,6 +277,8 @@ def main() -> None:
                 jobs.append(pool.submit(runner.megatron_writes, config, gpu))
             if args.direction in ("ours", "both"):
                 jobs.append(pool.submit(runner.megatron_loads_ours, config, gpu, args.rtol))
+            if args.direction == "self":
+                jobs.append(pool.submit(runner.megatron_resumes_itself, config, gpu, args.rtol))
         results = [job.result() for job in jobs]
     meta = {"megatron_commit": runner.megatron.commit, "gpus": args.gpus, "data": os.path.relpath(DATA, ROOT),
             "placeholders": {"data": "{data_dir}/stdlib_text_document", "vocab": "{data_dir}/vocab.json",

@@ -2,6 +2,7 @@
 environment of its processes, and a check of its command lines by Megatron-LM's own argument validation
 (which needs no GPU)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import sysconfig
 
 HELPERS = os.path.join("megatron", "core", "datasets")
+REQUIRED_MODULES = ("torch", "numpy", "packaging", "psutil", "transformers", "triton")
 # Megatron-LM's GPT2BPETokenizer loads the hub's `gpt2` through transformers' AutoTokenizer, with the
 # vocabulary and merges files passed in; a local folder of that name answers the lookup without a network.
 GPT2_STUB = {"config.json": '{"model_type": "gpt2"}\n',
@@ -58,6 +60,7 @@ class MegatronEnvironment:
         self.commit = open(commit_file).read().strip() if os.path.exists(commit_file) else "unknown"
         if build_helpers:
             self._ensure_helpers()
+            self._check_imports()
         self.bin = os.path.join(work, "bin")
         os.makedirs(self.bin, exist_ok=True)
         with open(os.path.join(self.bin, "make"), "w") as file:
@@ -68,6 +71,13 @@ class MegatronEnvironment:
         for name, text in GPT2_STUB.items():
             with open(os.path.join(self.cwd, "gpt2", name), "w") as file:
                 file.write(text)
+
+    def _check_imports(self) -> None:
+        """Fails at once, naming them, when packages Megatron-LM's runs need are missing (psutil: its torch_dist
+        writer; transformers: its GPT2BPETokenizer)."""
+        missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+        if missing:
+            raise SystemExit(f"Megatron-LM's runs need {', '.join(missing)}: install the wheel(s) first")
 
     def _ensure_helpers(self) -> None:
         folder = os.path.join(self.source, HELPERS)

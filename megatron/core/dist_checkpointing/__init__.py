@@ -2,11 +2,13 @@
 torch_dist`), built on `torch.distributed.checkpoint`, with Megatron-Core's names.
 
     mapping.py            ShardedTensor (a piece of a global tensor), ShardedObject (a per-rank object)
-    model_sharding.py     a model's state dict as ShardedTensors with global keys and layer numbers
-    optimizer_sharding.py optimizer state (plain and distributed) as ShardedTensors on the params' keys
+    model_sharding.py     a model's state dict as ShardedTensors under Megatron-Core's keys (layers stacked)
+    optimizer_sharding.py optimizer state in model space (plain optimizer, fully_reshardable distributed one)
+    optimizer_buckets.py  the distributed optimizer's state per DDP bucket (dp_reshardable)
     fully_parallel.py     spreading the writes of data-parallel replicas over the data-parallel ranks
     dcp_planners.py       the DCP planners that write and read boxes of global tensors
-    serialization.py      save() / load() of a sharded state dict: metadata.json, common.pt, DCP files
+    serialization.py      save() / load() of a sharded state dict: metadata.json, DCP files, the common state
+    unpickling.py         reading (and writing back) pickles with classes this installation lacks
     async_save.py         the background writer of --async-save
 """
 

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from megatron.core.dist_checkpointing.strictness import report_unexpected
+from megatron.core.dist_checkpointing.unpickling import tolerant_pickle_module
 
 # (global key, offset of the box in the global tensor)
 BoxId = Tuple[str, Tuple[int, ...]]
@@ -95,7 +96,8 @@ class ShardedSavePlanner(SavePlanner):
     def resolve_data(self, write_item: WriteItem):
         if write_item.type == WriteItemType.BYTE_IO:
             buffer = io.BytesIO()
-            torch.save(self.objects[write_item.index.fqn], buffer)
+            # Megatron-Core stores the list of a rank's objects under one key (one object here).
+            torch.save([self.objects[write_item.index.fqn]], buffer)
             buffer.seek(0)
             return buffer
         return self.boxes[(write_item.index.fqn, tuple(write_item.index.offset))].tensor.detach()
@@ -161,7 +163,7 @@ class ShardedLoadPlanner(LoadPlanner):
         return central_plan
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        self.loaded_objects[read_item.dest_index.fqn] = torch.load(value, map_location="cpu", weights_only=False)
+        self.loaded_objects[read_item.dest_index.fqn] = load_object(value)
 
     def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
         box = self.boxes[(read_item.dest_index.fqn, tuple(read_item.dest_index.offset))]
@@ -172,6 +174,15 @@ class ShardedLoadPlanner(LoadPlanner):
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         """Nothing to do: `resolve_tensor` handed out a view of the live tensor, which the reader filled."""
+
+
+def load_object(stream) -> object:
+    """A ShardedObject's payload: the list of the saving rank's objects (Megatron-Core's), whose first is
+    the object; classes this installation lacks become placeholders (unpickling.py)."""
+    objects = torch.load(stream, map_location="cpu", weights_only=False, pickle_module=tolerant_pickle_module)
+    if not isinstance(objects, list) or len(objects) != 1:
+        raise ValueError(f"a checkpoint object should be stored as a list of one, found {type(objects).__name__}")
+    return objects[0]
 
 
 def _object_read_item(key: str) -> ReadItem:

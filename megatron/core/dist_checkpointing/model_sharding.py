@@ -1,9 +1,22 @@
-"""A model's sharded state dict: each entry of its `state_dict()` as a piece of a global tensor.
+"""A model's sharded state dict: each entry of its `state_dict()` as a piece of a global tensor, under
+Megatron-Core's keys, so that a torch_dist checkpoint moves between this project and Megatron-LM and loads
+under any TP / PP / DP layout.
 
-Global keys are the state-dict names of the whole (TP=1, PP=1) model, with GLOBAL layer numbers:
-`decoder.layers.{layer_number - 1}.self_attention.linear_qkv.weight` whatever the pipeline stage, so a
-checkpoint does not depend on TP or PP. Where a tensor sits comes from the attributes every
-tensor-parallel layer sets on its params (tensor_parallel/layers.py):
+Keys (Megatron-Core's `sharded_state_dict` of its local-spec models):
+
+    embedding.word_embeddings.weight, output_layer.weight, decoder.final_layernorm.weight, ...
+                                    the state-dict name
+    decoder.layers.<name in layer>  the layers of a transformer block stacked along a prepended axis:
+                                    global shape [num_layers, *shape], layer l (global number l+1) at l
+    decoder.layers.<l>.<name>       instead, when the block's layers differ (MoE only every k-th layer)
+
+with the layer's norms under the names of the linears they precede (Transformer Engine's fused modules):
+`input_layernorm.` -> `self_attention.linear_qkv.layer_norm_`, `pre_mlp_layernorm.` ->
+`mlp.linear_fc1.layer_norm_`. Every parallel linear of a layer also has `<linear>._extra_state`, a
+ShardedObject on the layer grid (its FP8 scaling state, None without one), as Megatron-Core writes it.
+
+Where a tensor sits comes from the attributes every tensor-parallel layer sets on its params
+(tensor_parallel/layers.py):
 
     not tensor_model_parallel   the whole tensor, the same on every TP rank (norms, row-parallel biases)
     partition_dim d, stride 1   rank r holds rows [o_r, o_r + n_r) of dim d, o_r = n_0 + ... + n_{r-1}
@@ -15,25 +28,29 @@ building the dict is collective over that group. Replica ids are (pipeline copy,
 only (0, 0, 0) writes. The tied output weight of the last pipeline stage is a copy of
 `embedding.word_embeddings.weight` (pipeline copy 1).
 
-Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers too (local expert i of a MoE
-layer is expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated
-over the expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP rank), so a
-checkpoint does not depend on EP either.
+Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers (local expert i of a MoE layer is
+expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated over the
+expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP rank), so a checkpoint does
+not depend on EP either (these keys are this project's: Megatron-LM's MoE layout is not followed yet).
 """
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
 # A piece of a model tensor and where its first element sits in that tensor, flattened.
 TensorPiece = Tuple[ShardedTensor, int]
 EXPERT_KEY_MARKER = "mlp.experts."
+EXTRA_STATE_SUFFIX = "_extra_state"
+# Megatron-Core's sharded_state_dict_keys_map of its local layer specs (GPT, BERT, T5).
+LAYER_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                  "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,21 @@ class _Position:
     etp_size: int = 1
     etp_group: object = None
     edp_rank: int = 0
+
+
+@dataclass(frozen=True)
+class _LayerPlace:
+    """Where the layer under a local prefix goes: its global key prefix and, when the block's layers are
+    stacked, its index along the prepended axis of `num_layers`."""
+
+    key_prefix: str
+    index: Optional[int]
+    num_layers: int
+
+    def prepend(self, shape: tuple, offset: tuple) -> Tuple[tuple, tuple]:
+        if self.index is None:
+            return shape, offset
+        return (self.num_layers, *shape), (self.index, *offset)
 
 
 def _parallel_position() -> _Position:
@@ -90,20 +122,33 @@ def _expert_renames(model: torch.nn.Module) -> Tuple[Dict[str, str], Dict[str, s
     return prefixes, names
 
 
-def _global_layer_names(model: torch.nn.Module) -> Dict[str, str]:
-    """{local prefix: global prefix} for the layers of every transformer block, e.g. on pipeline stage 1
-    of 2 with 4 layers: {"decoder.layers.0.": "decoder.layers.2.", ...}."""
-    renames = {}
+def _stacks_layers(config) -> bool:
+    """Whether a block's layers share one key per tensor (Megatron-Core's homogeneous layers): not when MoE
+    layers alternate with dense ones."""
+    frequency = getattr(config, "moe_layer_freq", 1)
+    return isinstance(frequency, int) and frequency <= 1
+
+
+def _layer_places(model: torch.nn.Module) -> Dict[str, _LayerPlace]:
+    """{local prefix of a layer: its place}, e.g. on pipeline stage 1 of 2 with 4 layers:
+    {"decoder.layers.0.": _LayerPlace("decoder.layers.", 2, 4), ...}."""
+    places = {}
     for module_name, module in model.named_modules():
         layers = getattr(module, "layers", None)
         if not isinstance(layers, torch.nn.ModuleList):
             continue
         block_prefix = f"{module_name}.layers." if module_name else "layers."
+        config = getattr(module, "config", None)
+        stacked = _stacks_layers(config)
         for index, layer in enumerate(layers):
             layer_number = getattr(layer, "layer_number", None)
-            if layer_number is not None:
-                renames[f"{block_prefix}{index}."] = f"{block_prefix}{layer_number - 1}."
-    return renames
+            if layer_number is None:
+                continue
+            if stacked:
+                places[f"{block_prefix}{index}."] = _LayerPlace(block_prefix, layer_number - 1, config.num_layers)
+            else:
+                places[f"{block_prefix}{index}."] = _LayerPlace(f"{block_prefix}{layer_number - 1}.", None, 1)
+    return places
 
 
 def _tied_output_weights(model: torch.nn.Module) -> Dict[str, str]:
@@ -123,6 +168,57 @@ def _renamed_prefix(name: str, renames: Dict[str, str]) -> str:
     return name
 
 
+def state_dict_names(key: str, tensor: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The inverse of the key mapping for one whole global tensor of a checkpoint: {state-dict name of a
+    TP = PP = 1 model: tensor}, one per layer for a stacked key (`decoder.layers.<name in layer>`)."""
+    for block in ("decoder.layers.", "encoder.layers."):
+        if not key.startswith(block):
+            continue
+        rest = key[len(block):]
+        index, _, in_layer = rest.partition(".")
+        if index.isdigit():  # the layers of a non-homogeneous block: one key each
+            return {f"{block}{index}.{_original_layer_name(in_layer)}": tensor}
+        return {f"{block}{layer}.{_original_layer_name(rest)}": tensor[layer] for layer in range(tensor.shape[0])}
+    return {key: tensor}
+
+
+def _original_layer_name(name: str) -> str:
+    for local, stored in LAYER_KEYS_MAP.items():
+        if name.startswith(stored):
+            return local + name[len(stored):]
+    return name
+
+
+class _Keys:
+    """The global key (and layer place) of each state-dict name of one model chunk."""
+
+    def __init__(self, model: torch.nn.Module, prefix: str):
+        self.prefix = prefix
+        self.places = _layer_places(model)
+        self.tied = _tied_output_weights(model)
+        self.expert_prefixes, self.expert_names = _expert_renames(model)
+
+    def __call__(self, name: str) -> Tuple[str, Optional[_LayerPlace]]:
+        local = self.expert_names.get(name) or _renamed_prefix(self.tied.get(name, name), self.expert_prefixes)
+        for local_prefix, place in self.places.items():
+            if local.startswith(local_prefix):
+                rest = _renamed_prefix(local[len(local_prefix):], LAYER_KEYS_MAP)
+                return self.prefix + place.key_prefix + rest, place
+        return self.prefix + local, None
+
+
+_UNSTACKED = _LayerPlace("", None, 1)
+
+
+def _place(place: Optional[_LayerPlace]) -> _LayerPlace:
+    return place if place is not None else _UNSTACKED
+
+
+def _stacked(tensor: torch.Tensor, place: Optional[_LayerPlace]) -> torch.Tensor:
+    """`tensor` with the prepended layer axis (a view: loading into it loads the live tensor)."""
+    return tensor.unsqueeze(0) if _place(place).index is not None else tensor
+
+
 def _partition_sizes(state: dict, names: List[str], size: int, group) -> Dict[str, List[int]]:
     """{name: [local size along partition_dim of each rank of `group`]}, gathered (collective)."""
     local_sizes = [state[name].shape[state[name].partition_dim] for name in names]
@@ -135,12 +231,14 @@ def _partition_sizes(state: dict, names: List[str], size: int, group) -> Dict[st
 
 def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor,
                                                                                List[TensorPiece]]]:
-    """(state-dict name, live tensor, its pieces) for every tensor of `model.state_dict()`.
+    """(state-dict name, live tensor, its pieces) for every tensor of `model.state_dict()` (not the
+    `_extra_state` entries: `model_extra_state_objects`).
 
     Collective over the tensor-parallel group (the partition sizes are gathered).
     """
     position = _parallel_position()
-    state = {name: value for name, value in model.state_dict(keep_vars=True).items() if value is not None}
+    state = {name: value for name, value in model.state_dict(keep_vars=True).items()
+             if value is not None and not name.endswith(EXTRA_STATE_SUFFIX)}
     for name, value in state.items():
         if not isinstance(value, torch.Tensor):
             raise ValueError(
@@ -152,28 +250,26 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
                              position.tp_group)
     sizes.update(_partition_sizes(state, [name for name in parallel if _is_expert(state[name])], position.etp_size,
                                   position.etp_group))
-
-    layer_renames, tied = _global_layer_names(model), _tied_output_weights(model)
-    expert_prefixes, expert_names = _expert_renames(model)
+    keys = _Keys(model, prefix)
     for name, tensor in state.items():
-        local_key = expert_names.get(name) or _renamed_prefix(tied.get(name, name), expert_prefixes)
-        key = prefix + _renamed_prefix(local_key, layer_renames)
-        pipeline_copy = 1 if name in tied else 0
+        key, place = keys(name)
+        pipeline_copy = 1 if name in keys.tied else 0
         mismatch = getattr(tensor, "is_embedding_or_output_parameter", False)
         if _is_expert(tensor):
             rank, copy_rank, replica_rank = position.etp_rank, position.etp_rank, position.edp_rank
         else:
             rank, copy_rank, replica_rank = position.tp_rank, position.tp_rank, position.dp_rank
         if name not in sizes:
-            piece = ShardedTensor(key, tensor, tuple(tensor.shape), (0,) * tensor.dim(),
-                                  (pipeline_copy, copy_rank, replica_rank), allow_shape_mismatch=mismatch)
+            shape, offset = _place(place).prepend(tuple(tensor.shape), (0,) * tensor.dim())
+            piece = ShardedTensor(key, _stacked(tensor, place), shape, offset, (pipeline_copy, copy_rank, replica_rank),
+                                  allow_shape_mismatch=mismatch)
             yield name, tensor, [(piece, 0)]
             continue
         yield name, tensor, _partitioned_pieces(key, tensor, sizes[name], rank, (pipeline_copy, 0, replica_rank),
-                                                mismatch)
+                                                mismatch, place)
 
 
-def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch) -> List[TensorPiece]:
+def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch, place) -> List[TensorPiece]:
     """Pieces of a tensor split along `partition_dim` into `partition_stride` blocks, each over the TP ranks:
     local piece k (of n_r / s rows) sits at k * (sum n / s) + (n_0 + ... + n_{r-1}) / s."""
     dim, stride = tensor.partition_dim, getattr(tensor, "partition_stride", 1)
@@ -190,17 +286,84 @@ def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch) 
     for k in range(stride):
         offset = [0] * tensor.dim()
         offset[dim] = k * block + rank_offset
+        shape, offset = _place(place).prepend(tuple(global_shape), tuple(offset))
         # With stride > 1 (dim 0) piece k is one contiguous stretch of the flattened tensor.
-        piece = ShardedTensor(key, tensor.narrow(dim, k * local_block, local_block), tuple(global_shape),
-                              tuple(offset), replica_id, allow_shape_mismatch=mismatch)
-        pieces.append((piece, k * local_block * row_numel))
+        data = _stacked(tensor.narrow(dim, k * local_block, local_block), place)
+        pieces.append((ShardedTensor(key, data, shape, offset, replica_id, allow_shape_mismatch=mismatch),
+                       k * local_block * row_numel))
     return pieces
 
 
+def _parallel_linears(model: torch.nn.Module, output_layer: bool = False) -> Iterator[Tuple[str, torch.nn.Module]]:
+    """(name, module) of the parallel linears whose `_extra_state` Megatron-Core checkpoints: all of them in
+    a torch-format file, all but the model's output layer in a sharded one (GPTModel drops that one's)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    for name, module in model.named_modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and (
+                output_layer or not name.endswith("output_layer")):
+            yield name, module
+
+
+def with_linear_extra_states(model: torch.nn.Module, state: Dict[str, object]) -> Dict[str, object]:
+    """`state` (model.state_dict()) with `<linear>._extra_state` after each parallel linear's entries, None
+    where the linear keeps no FP8 state: the torch-format model dict as Megatron-Core's linears write it."""
+    prefixes = [f"{name}." for name, _ in _parallel_linears(model, output_layer=True)]
+    last = {}
+    for index, name in enumerate(state):
+        for prefix in prefixes:
+            if name.startswith(prefix):
+                last[prefix] = index
+    result = {}
+    for index, (name, value) in enumerate(state.items()):
+        result[name] = value
+        for prefix in prefixes:
+            if last.get(prefix) == index:
+                result.setdefault(prefix + EXTRA_STATE_SUFFIX, None)
+    for prefix in prefixes:  # a linear without params (the tied output layer)
+        result.setdefault(prefix + EXTRA_STATE_SUFFIX, None)
+    return result
+
+
+def model_extra_state_objects(model: torch.nn.Module, prefix: str = "") -> Dict[str, ShardedObject]:
+    """{`<linear>._extra_state`: ShardedObject} of every parallel linear: its FP8 scaling state (None
+    without one), on the layer grid, replicated over TP and DP (routed experts: over expert TP and DP)."""
+    position = _parallel_position()
+    state = model.state_dict(keep_vars=True)
+    keys = _Keys(model, prefix)
+    objects = {}
+    for module_name, module in _parallel_linears(model):
+        name = f"{module_name}.{EXTRA_STATE_SUFFIX}"
+        key, place = keys(name)
+        expert = any(_is_expert(param) for param in module.parameters())
+        replica_id = (0, position.etp_rank, position.edp_rank) if expert else (0, position.tp_rank, position.dp_rank)
+        shape, offset = _place(place).prepend((), ())
+        objects[name] = ShardedObject(key, state.get(name), shape or (1,), offset or (0,), replica_id)
+    return objects
+
+
+def without_absent_extra_states(model_request: Dict[str, object], saved: set) -> Dict[str, object]:
+    """`model_request` less the `_extra_state` objects that the checkpoint (its `saved` keys) lacks: an FP8 run
+    resuming a checkpoint saved without them starts its scales afresh, as Transformer Engine does, and
+    Megatron-LM's --ckpt-drop-redundant-extra-state leaves them out; every other key must be there."""
+    return {name: piece for name, piece in model_request.items()
+            if not name.endswith(EXTRA_STATE_SUFFIX) or piece.unique_key in saved}
+
+
+def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None:
+    """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored)."""
+    for module_name, module in _parallel_linears(model):
+        value = loaded.get(f"{module_name}.{EXTRA_STATE_SUFFIX}")
+        if value is not None:
+            module.load_state_dict({EXTRA_STATE_SUFFIX: value}, strict=False)
+
+
 def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "") -> Dict[str, object]:
-    """{state-dict name: ShardedTensor (or a list of them for strided partitions)} of `model`, whose
-    data are the live tensors: loading into it loads the model in place. Collective over TP."""
+    """{state-dict name: ShardedTensor (or a list of them for strided partitions) or ShardedObject} of
+    `model`; the tensors' data are the live tensors, so loading into it loads the model in place (the
+    `_extra_state` objects then go in with `load_extra_states`). Collective over TP."""
     sharded = {}
     for name, _, pieces in model_tensor_pieces(model, prefix):
         sharded[name] = pieces[0][0] if len(pieces) == 1 else [piece for piece, _ in pieces]
+    sharded.update(model_extra_state_objects(model, prefix))
     return sharded

@@ -1,38 +1,53 @@
-"""Optimizer state as ShardedTensors on the keys of the params it belongs to, so that it reshards with them.
+"""The optimizer's part of a torch_dist checkpoint, in Megatron-Core's layout (its `sharded_state_dict` of
+each optimizer), so that either framework resumes the other's optimizer state.
 
-    optimizer.state.exp_avg.<param key>      Adam's moments (SGD: momentum_buffer), the param's global shape
-    optimizer.state.exp_avg_sq.<param key>
-    optimizer.state.fp32_param.<param key>   the fp32 main copy of a bf16/fp16 param
+Model-space layouts: each state tensor is a global tensor on the key of its param (model_sharding.py), so it
+reshards with the params under any TP / PP / DP layout and loads into either optimizer:
 
-A plain optimizer holds each moment whole (like its param: the same pieces, the same replicas). The
-distributed optimizer holds, per param, only elements [param_start, param_end) of the TP-local param
-flattened (distrib_optimizer.py); that stretch becomes a flattened-range piece of the same global
-tensor, written by this data-parallel rank alone. Either way the checkpoint holds global tensors, so
-it loads onto any TP/PP/DP layout and onto either optimizer.
+    plain optimizer (FP32Optimizer)          "optimizer": {"state": {i: {exp_avg, exp_avg_sq}, "common_step"},
+                                                           "param_groups": [...]}
+    plain mixed precision (bf16 / fp16)      "optimizer": {"optimizer": {"state": ..., "param_groups": [...]},
+                                                           "fp32_from_fp16_params": [[fp32 main param, ...]]}
+        keys optimizer.state.exp_avg.<param key>, optimizer.state.exp_avg_sq.<...>, optimizer.state.fp32_param.<...>
+    distributed optimizer, "fully_reshardable" (--dist-ckpt-optim-fully-reshardable)
+                                             "optimizer": {"optimizer": {"param_groups": [... with "step"]},
+                                                           "param_state": {i: {param, exp_avg, exp_avg_sq}},
+                                                           "param_state_sharding_type": "fully_reshardable"}
+        keys optimizer.state.param.<param key> (the fp32 main param, also for fp32 models), exp_avg, exp_avg_sq
 
-What is the same on every rank goes to common.pt, one entry per (chained) sub-optimizer:
-{"param_groups": hyper-parameters and Adam's step, without params; "grad_scaler": ...}.
+The distributed optimizer holds, per param, only elements [param_start, param_end) of the TP-local param
+flattened; that stretch is written (and read) as flattened-range boxes of the same global tensor by its
+data-parallel rank. The distributed optimizer's default layout, "dp_reshardable" (its buffers' buckets), is
+optimizer_buckets.py's.
+
+Param groups (hyper-parameters, without params) and Adam's step are common to all ranks (common state);
+`saved_groups_and_step` reads them from any of these layouts, and Transformer Engine's or apex's Adam (step
+in each group) as well as torch's (`common_step`). Several sub-optimizers (experts apart: a ChainedOptimizer)
+are the entries {0: ..., 1: ...}.
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.model_sharding import TensorPiece, model_tensor_pieces
+from megatron.core.dist_checkpointing.optimizer_buckets import DP_RESHARDABLE, bucket_sharded_state_dict
 from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
 from megatron.core.optimizer.distrib_optimizer import _IMPLEMENTATION_KEYS, DistributedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.optimizer.param_groups import reorder_saved_param_groups
 
-MAIN_PARAM_KEY = "fp32_param"
+FULLY_RESHARDABLE = "fully_reshardable"
+PLAIN_MAIN_PARAM_KEY, DISTRIBUTED_MAIN_PARAM_KEY = "fp32_param", "param"
+STATE_PREFIX = "optimizer.state."
 
 
-def _sub_optimizers(optimizer) -> list:
+def sub_optimizers(optimizer) -> list:
     return list(optimizer.chained_optimizers) if isinstance(optimizer, ChainedOptimizer) else [optimizer]
 
 
-def _state_keys(torch_optimizer: torch.optim.Optimizer) -> Tuple[str, ...]:
+def state_keys(torch_optimizer: torch.optim.Optimizer) -> Tuple[str, ...]:
     """The per-param state tensors the inner optimizer keeps."""
     if isinstance(torch_optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         amsgrad = any(group.get("amsgrad") for group in torch_optimizer.param_groups)
@@ -42,104 +57,84 @@ def _state_keys(torch_optimizer: torch.optim.Optimizer) -> Tuple[str, ...]:
     raise ValueError(f"--ckpt-format torch_dist cannot save the state of {type(torch_optimizer).__name__} yet")
 
 
-def _adam_step(torch_optimizer) -> int:
+def adam_step(torch_optimizer) -> int:
     steps = {int(state["step"]) for state in torch_optimizer.state.values() if "step" in state}
     if len(steps) > 1:
         raise RuntimeError(f"the optimizer's params are at different steps {sorted(steps)}")
     return steps.pop() if steps else 0
 
 
-def optimizer_common_state(optimizer) -> List[dict]:
-    """What every rank has alike, one dict per sub-optimizer (see the module docstring)."""
-    common = []
-    for sub in _sub_optimizers(optimizer):
-        step = _adam_step(sub.optimizer)
-        groups = [{**{key: value for key, value in group.items() if key != "params"}, "step": step}
-                  for group in sub.optimizer.param_groups]
-        entry = {"param_groups": groups}
-        if getattr(sub, "grad_scaler", None) is not None:
-            entry["grad_scaler"] = sub.grad_scaler.state_dict()
-        common.append(entry)
-    return common
+def groups_without_params(torch_optimizer, step: Optional[int] = None) -> List[dict]:
+    return [{**{key: value for key, value in group.items() if key != "params"},
+             **({} if step is None else {"step": float(step)})} for group in torch_optimizer.param_groups]
 
 
-def prepare_optimizer_for_load(optimizer, common: List[dict]) -> None:
-    """Restores hyper-parameters, step and grad scaler from `common` and allocates zero state tensors,
-    which `optimizer_sharded_state_dict` then hands to the loader to fill."""
-    subs = _sub_optimizers(optimizer)
-    if len(common) != len(subs):
-        raise ValueError(
-            f"the checkpoint holds the state of {len(common)} optimizer(s), this run has {len(subs)} "
-            "(expert-parallel params in one of the runs only?)"
-        )
-    for sub, saved in zip(subs, common):
-        if isinstance(sub, DistributedOptimizer):
-            sub.load_state_dict({"optimizer": {"param_groups": saved["param_groups"]}, **_scaler(saved)})
-            continue
-        inner = sub.optimizer
-        order = reorder_saved_param_groups(inner.param_groups, saved["param_groups"], match_sizes=False)
-        state, groups, index = {}, [], 0
-        for group, saved_index in zip(inner.param_groups, order):
-            # How torch runs the update is this run's choice (a GPU run's fused Adam loads on a CPU).
-            hyper = {key: value for key, value in saved["param_groups"][saved_index].items()
-                     if key not in ("step", *_IMPLEMENTATION_KEYS)}
-            hyper.update({key: group[key] for key in _IMPLEMENTATION_KEYS if key in group})
-            step = float(saved["param_groups"][saved_index]["step"])
-            ids = list(range(index, index + len(group["params"])))
-            for param_id, param in zip(ids, group["params"]):
-                state[param_id] = {"step": torch.tensor(step),
-                                   **{key: torch.zeros_like(param) for key in _state_keys(inner)}}
-            groups.append({**hyper, "params": ids})
-            index += len(ids)
-        inner.load_state_dict({"state": state, "param_groups": groups})
-        if hasattr(sub, "_load_grad_scaler_state"):
-            sub._load_grad_scaler_state(saved)
+def pieces_by_tensor(model_chunks: list) -> Dict[int, List[TensorPiece]]:
+    """{id(model tensor): its pieces}, over every chunk (collective over TP)."""
+    pieces_of = {}
+    for chunk in model_chunks:
+        for _, tensor, pieces in model_tensor_pieces(chunk):
+            pieces_of[id(tensor)] = pieces
+    return pieces_of
 
 
-def _scaler(saved: dict) -> dict:
-    return {"grad_scaler": saved["grad_scaler"]} if "grad_scaler" in saved else {}
+def _pieces(pieces_of: Dict[int, List[TensorPiece]], param) -> List[TensorPiece]:
+    pieces = pieces_of.get(id(param))
+    if pieces is None:
+        raise ValueError(f"an optimizer param of shape {tuple(param.shape)} is not in the model's state dict")
+    return pieces
 
 
-def _whole_param_tensors(sub) -> List[Tuple[torch.nn.Parameter, Dict[str, torch.Tensor]]]:
-    """(model param, {state name: tensor of the param's shape}) for a plain optimizer; the fp32 main copy
-    of a bf16/fp16 param is one of them."""
+def _whole_pieces(name: str, tensor: torch.Tensor, pieces: List[TensorPiece]) -> list:
+    """`tensor` (of its param's shape) cut like the param, on the keys of `name`."""
+    flat = tensor.detach().reshape(-1)
+    return [ShardedTensor(f"{STATE_PREFIX}{name}.{piece.key}", flat[start : start + piece.data.numel()]
+                          .view(piece.local_shape), piece.global_shape, piece.global_offset, piece.replica_id,
+                          allow_shape_mismatch=piece.allow_shape_mismatch)
+            for piece, start in pieces]
+
+
+def _plain_entry(sub, pieces_of, main_key: Optional[str]) -> dict:
+    """A plain optimizer's entry. `main_key`: the name the checkpoint gives fp32 main copies of bf16/fp16
+    params ("fp32_param" as Megatron's plain optimizers write, "param" in a fully_reshardable one)."""
     inner = sub.optimizer
-    if isinstance(sub, Float16OptimizerWithFloat16Params):
-        groups = zip(sub.float16_groups, sub.fp32_from_float16_groups)
-        pairs = [(model, main, True)
-                 for model_group, main_group in groups for model, main in zip(model_group, main_group)]
-        pairs += [(param, param, False) for group in sub.fp32_from_fp32_groups for param in group]
-    else:
-        pairs = [(param, param, False) for group in inner.param_groups for param in group["params"]]
-    result = []
-    for model_param, main_param, distinct in pairs:
-        state = inner.state.get(main_param, {})
-        tensors = {key: state.get(key, torch.zeros_like(main_param)) for key in _state_keys(inner)}
-        if distinct:
-            tensors[MAIN_PARAM_KEY] = main_param
-        result.append((model_param, tensors))
-    return result
+    step = adam_step(inner)
+    mixed = isinstance(sub, Float16OptimizerWithFloat16Params)
+    model_of = sub._main_to_model_params() if mixed else {}
+    state, main_params, index = {}, [], 0
+    for group in inner.param_groups:
+        group_mains = []
+        for main in group["params"]:
+            model = model_of.get(main, main)
+            pieces = _pieces(pieces_of, model)
+            tensors = inner.state.get(main, {})
+            state[index] = {key: _whole_pieces(key, tensors.get(key, torch.zeros_like(main)), pieces)
+                            for key in state_keys(inner)}
+            if model is not main and main_key is not None:
+                group_mains.append(_whole_pieces(main_key, main, pieces))
+            index += 1
+        main_params.append(group_mains)
+    if step:
+        state["common_step"] = torch.tensor(float(step))
+    optimizer_entry = {"state": state, "param_groups": groups_without_params(inner)}
+    if not mixed:
+        return optimizer_entry
+    entry = {"optimizer": optimizer_entry, "fp32_from_fp16_params": main_params}
+    if sub.grad_scaler is not None:
+        entry["grad_scaler"] = sub.grad_scaler.state_dict()
+    return entry
 
 
-def _whole_param_pieces(tensors: Dict[str, torch.Tensor], pieces: List[TensorPiece]) -> Dict[str, list]:
-    sharded = {}
-    for name, tensor in tensors.items():
-        flat = tensor.detach().reshape(-1)
-        sharded[name] = [
-            piece.with_data(flat[start : start + piece.data.numel()].view(piece.local_shape))
-            for piece, start in pieces
-        ]
-    return sharded
-
-
-def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPiece]) -> Dict[str, list]:
-    """The pieces of this rank's stretch [param_start, param_end) of `param` (flattened) per state tensor."""
+def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPiece],
+                         main_key: Optional[str]) -> Dict[str, list]:
+    """The pieces of this rank's stretch [param_start, param_end) of `param` (flattened) per state tensor;
+    the main param under `main_key` (None: not at all)."""
     stretch = sub.shard_ranges[param]
     tensors = sub.main_param_and_state(param)
     main = tensors.pop("param")
     tensors = {key: main.new_zeros(main.shape) if value is None else value for key, value in tensors.items()}
-    if param.dtype != torch.float32:
-        tensors[MAIN_PARAM_KEY] = main
+    if main_key is not None:
+        tensors = {main_key: main, **tensors}
     sharded = {name: [] for name in tensors}
     for piece, start in pieces:
         low, high = max(stretch.param_start, start), min(stretch.param_end, start + piece.data.numel())
@@ -150,37 +145,107 @@ def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPi
         for name, tensor in tensors.items():
             data = tensor.detach()[low - stretch.param_start : high - stretch.param_start]
             sharded[name].append(ShardedTensor(
-                piece.key, data, piece.global_shape, piece.global_offset, replica_id, piece.local_shape,
-                slice(low - start, high - start), piece.allow_shape_mismatch,
+                f"{STATE_PREFIX}{name}.{piece.key}", data, piece.global_shape, piece.global_offset, replica_id,
+                piece.local_shape, slice(low - start, high - start), piece.allow_shape_mismatch,
             ))
     return sharded
 
 
-def optimizer_sharded_state_dict(optimizer, model_chunks: list, prefix: str = "optimizer.state.") -> Dict[str, list]:
-    """{"optimizer.state.<name>.<param key>": [ShardedTensor, ...]} of `optimizer`'s live state tensors
-    (see the module docstring). Collective over the tensor-parallel group. Call `prepare_optimizer_for_load`
-    first when loading."""
-    pieces_of: Dict[int, List[TensorPiece]] = {}
-    for chunk in model_chunks:
-        for _, tensor, pieces in model_tensor_pieces(chunk):
-            pieces_of[id(tensor)] = pieces
-    sharded: Dict[str, list] = {}
-    for sub in _sub_optimizers(optimizer):
+def _distributed_entry(sub: DistributedOptimizer, pieces_of, main_key: Optional[str]) -> dict:
+    """A distributed optimizer's model-space entry (fully_reshardable, or a request for a plain layout)."""
+    param_state = {index: _flat_stretch_pieces(sub, param, _pieces(pieces_of, param), main_key)
+                   for index, param in enumerate(sub.model_params)}
+    entry = {"optimizer": {"param_groups": groups_without_params(sub.optimizer, adam_step(sub.optimizer))},
+             "param_state": param_state, "param_state_sharding_type": FULLY_RESHARDABLE}
+    if sub.grad_scaler is not None:
+        entry["grad_scaler"] = sub.grad_scaler.state_dict()
+    return entry
+
+
+def model_space_sharded_state_dict(optimizer, model_chunks: list, main_key: Optional[str] = None) -> dict:
+    """The optimizer entry in a model-space layout (module docstring): what a plain optimizer saves, or a
+    distributed one with --dist-ckpt-optim-fully-reshardable; as a load request, `main_key` says where the
+    checkpoint keeps the fp32 main params ("fp32_param", "param", None: nowhere, they are the model's)."""
+    pieces_of = pieces_by_tensor(model_chunks)
+    entries = []
+    for sub in sub_optimizers(optimizer):
         if isinstance(sub, DistributedOptimizer):
-            per_param = [_flat_stretch_pieces(sub, param, _pieces(pieces_of, param)) for param in sub.model_params]
+            mixed = any(param.dtype != torch.float32 for param in sub.model_params)
+            entries.append(_distributed_entry(sub, pieces_of, main_key if mixed or main_key == "param" else None))
         else:
-            per_param = [_whole_param_pieces(tensors, _pieces(pieces_of, param))
-                         for param, tensors in _whole_param_tensors(sub)]
-        for by_name in per_param:
-            for name, state_pieces in by_name.items():
-                for piece in state_pieces:
-                    piece.key = f"{prefix}{name}.{piece.key}"
-                    sharded.setdefault(piece.key, []).append(piece)
-    return sharded
+            entries.append(_plain_entry(sub, pieces_of, main_key))
+    return entries[0] if len(entries) == 1 else dict(enumerate(entries))
 
 
-def _pieces(pieces_of: Dict[int, List[TensorPiece]], param) -> List[TensorPiece]:
-    pieces = pieces_of.get(id(param))
-    if pieces is None:
-        raise ValueError(f"an optimizer param of shape {tuple(param.shape)} is not in the model's state dict")
-    return pieces
+def saved_groups_and_step(entry: dict) -> Tuple[List[dict], dict]:
+    """(param groups each with its "step", {"grad_scaler": ...} or {}) of one sub-optimizer's common entry, in
+    any layout: plain (FP32 or mixed precision), distributed (fully_reshardable; dp_reshardable once its
+    "optimizer" object is loaded in place)."""
+    inner = entry.get("optimizer", entry)
+    if "param_groups" not in inner:
+        raise ValueError(f"the checkpoint's optimizer entry has no param groups (keys: {sorted(map(str, inner))})")
+    common_step = inner.get("state", {}).get("common_step")
+    groups = []
+    for group in inner["param_groups"]:
+        step = group.get("step", common_step if common_step is not None else 0)
+        groups.append({**{key: value for key, value in group.items() if key != "params"}, "step": float(step)})
+    scaler = {"grad_scaler": entry["grad_scaler"]} if entry.get("grad_scaler") is not None else {}
+    return groups, scaler
+
+
+def prepare_optimizer_for_load(optimizer, entries: List[dict]) -> None:
+    """Restores hyper-parameters, Adam's step and the grad scaler from each sub-optimizer's common entry and
+    allocates zero state tensors, which the sharded request then fills in place."""
+    subs = sub_optimizers(optimizer)
+    if len(entries) != len(subs):
+        raise ValueError(
+            f"the checkpoint holds the state of {len(entries)} optimizer(s), this run has {len(subs)} "
+            "(expert-parallel params in one of the runs only?)"
+        )
+    for sub, entry in zip(subs, entries):
+        groups, scaler = saved_groups_and_step(entry)
+        if isinstance(sub, DistributedOptimizer):
+            sub.load_state_dict({"optimizer": {"param_groups": groups}, **scaler})
+            continue
+        inner = sub.optimizer
+        order = reorder_saved_param_groups(inner.param_groups, groups, match_sizes=False)
+        state, param_groups, index = {}, [], 0
+        for group, saved_index in zip(inner.param_groups, order):
+            # How torch runs the update is this run's choice (a GPU run's fused Adam loads on a CPU).
+            hyper = {key: value for key, value in groups[saved_index].items()
+                     if key not in ("step", *_IMPLEMENTATION_KEYS)}
+            hyper.update({key: group[key] for key in _IMPLEMENTATION_KEYS if key in group})
+            ids = list(range(index, index + len(group["params"])))
+            for param_id, param in zip(ids, group["params"]):
+                state[param_id] = {"step": torch.tensor(groups[saved_index]["step"]),
+                                   **{key: torch.zeros_like(param) for key in state_keys(inner)}}
+            param_groups.append({**hyper, "params": ids})
+            index += len(ids)
+        inner.load_state_dict({"state": state, "param_groups": param_groups})
+        if hasattr(sub, "_load_grad_scaler_state"):
+            sub._load_grad_scaler_state(scaler)
+
+
+def optimizer_checkpoint_entry(optimizer, model_chunks: list, fully_reshardable: bool) -> Tuple[dict, Optional[str]]:
+    """(the optimizer entry of a torch_dist checkpoint, the distributed optimizer's sharding type or None):
+    the distributed optimizer's buckets (dp_reshardable) or, with `fully_reshardable`, its model-space
+    layout; a plain optimizer's model-space layout."""
+    subs = sub_optimizers(optimizer)
+    if not any(isinstance(sub, DistributedOptimizer) for sub in subs):
+        return model_space_sharded_state_dict(optimizer, model_chunks, PLAIN_MAIN_PARAM_KEY), None
+    if fully_reshardable:
+        return model_space_sharded_state_dict(optimizer, model_chunks, DISTRIBUTED_MAIN_PARAM_KEY), FULLY_RESHARDABLE
+    entries = [bucket_sharded_state_dict(sub, chained_prefix(index, len(subs))) for index, sub in enumerate(subs)]
+    return (entries[0] if len(entries) == 1 else dict(enumerate(entries))), DP_RESHARDABLE
+
+
+def chained_prefix(index: int, count: int) -> str:
+    """Megatron-Core's key prefix of sub-optimizer `index` of `count` in bucket layouts."""
+    return f"chained_{index}." if count > 1 else ""
+
+
+def saved_entries(entry: dict) -> List[dict]:
+    """The per-sub-optimizer entries of a checkpoint's optimizer entry ({0: ..., 1: ...} when chained)."""
+    if entry and all(isinstance(key, int) for key in entry):
+        return [entry[key] for key in sorted(entry)]
+    return [entry]

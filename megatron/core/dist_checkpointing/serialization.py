@@ -1,14 +1,16 @@
 """`save` and `load` of a sharded state dict in Megatron-Core's `torch_dist` directory layout:
 
-    <dir>/metadata.json       {"sharded_backend": "torch_dist", ...}: marks a distributed checkpoint
-    <dir>/common.pt           everything that is not a ShardedTensor/ShardedObject (rank 0 writes it)
+    <dir>/metadata.json       {"sharded_backend": "torch_dist", "sharded_backend_version": 1}: marks a
+                              complete distributed checkpoint
     <dir>/.metadata           DCP's index: per global key its shape, dtype and chunks
-    <dir>/__{rank}_0.distcp   the chunks each rank wrote
+    <dir>/__{rank}_0.distcp   the chunks each rank wrote, and the objects: `common_state/shard_0_1` holds
+                              everything that is not a ShardedTensor/ShardedObject (rank 0 writes it)
 
 A state dict is a nested dict whose leaves are ShardedTensors, ShardedObjects, lists of ShardedTensors,
 or anything else (common). Saving is collective over all ranks; each writes the boxes of its main
 replicas. Loading is collective too; each rank reads what it holds now, from whatever layout saved it.
-metadata.json is written last, so a directory without it was never completely written.
+metadata.json is written last, so a directory without it was never completely written. Checkpoints of
+Megatron-Core before 2026 keep the common part in `<dir>/common.pt` instead: it is read when present.
 """
 
 import copy
@@ -32,16 +34,13 @@ from megatron.core.dist_checkpointing.strictness import (
     report_missing,
     returns_mismatches,
 )
+from megatron.core.dist_checkpointing.unpickling import tolerant_pickle_module
 
 METADATA_FILENAME = "metadata.json"
-COMMON_FILENAME = "common.pt"
+LEGACY_COMMON_FILENAME = "common.pt"
+COMMON_STATE_KEY = "common_state"
 # Megatron-Core's CheckpointingConfig fields.
-CHECKPOINT_METADATA = {
-    "sharded_backend": "torch_dist",
-    "sharded_backend_version": 1,
-    "common_backend": "torch",
-    "common_backend_version": 1,
-}
+CHECKPOINT_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
 
 _SHARDED = (ShardedTensor, ShardedObject)
 # world group -> the gloo group DCP uses under it: remade when torch.distributed is re-initialised, and freed
@@ -49,40 +48,51 @@ _SHARDED = (ShardedTensor, ShardedObject)
 _checkpoint_groups = weakref.WeakKeyDictionary()
 
 
-def _is_sharded(value) -> bool:
-    if isinstance(value, _SHARDED):
-        return True
-    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(item, ShardedTensor) for item in value)
+def _split(value, tensors: List[ShardedTensor], objects: List[ShardedObject]):
+    """The common part of `value` (None when it is all sharded); its sharded leaves go to the lists.
+    As Megatron-Core's `extract_matching_values`: a dict or list keeps its hierarchy, a list its common items
+    in order, and a non-empty container whose items are all sharded is left out."""
+    if isinstance(value, ShardedObject):
+        objects.append(value)
+        return _ALL_SHARDED
+    if isinstance(value, ShardedTensor):
+        tensors.append(value)
+        return _ALL_SHARDED
+    if isinstance(value, dict):
+        kept = {key: _split(item, tensors, objects) for key, item in value.items()}
+        kept = {key: item for key, item in kept.items() if item is not _ALL_SHARDED}
+        return _ALL_SHARDED if value and not kept else kept
+    if isinstance(value, list):
+        kept = [item for item in (_split(item, tensors, objects) for item in value) if item is not _ALL_SHARDED]
+        return _ALL_SHARDED if value and not kept else kept
+    return value
+
+
+_ALL_SHARDED = object()
 
 
 def split_state_dict(state_dict: dict) -> Tuple[dict, List[ShardedTensor], List[ShardedObject]]:
-    """(common part, sharded tensors, sharded objects) of a nested state dict."""
-    common, tensors, objects = {}, [], []
-    for key, value in state_dict.items():
-        if isinstance(value, dict):
-            common[key], more_tensors, more_objects = split_state_dict(value)
-            tensors += more_tensors
-            objects += more_objects
-        elif isinstance(value, ShardedObject):
-            objects.append(value)
-        elif _is_sharded(value):
-            tensors += [value] if isinstance(value, ShardedTensor) else list(value)
-        else:
-            common[key] = value
-    return common, tensors, objects
+    """(common part, sharded tensors, sharded objects) of a nested state dict (see `_split`)."""
+    tensors, objects = [], []
+    common = _split(state_dict, tensors, objects)
+    return ({} if common is _ALL_SHARDED else common), tensors, objects
 
 
-def _merge_loaded(state_dict: dict, common: dict, objects: Dict[str, object]) -> dict:
-    """`state_dict` with loaded values in place of its sharded leaves, merged into `common`."""
-    merged = dict(common)
-    for key, value in state_dict.items():
-        if isinstance(value, dict):
-            merged[key] = _merge_loaded(value, common.get(key, {}), objects)
-        elif isinstance(value, ShardedObject):
-            merged[key] = objects.get(value.unique_key)
-        elif _is_sharded(value):
-            merged[key] = value.data if isinstance(value, ShardedTensor) else [piece.data for piece in value]
-    return merged
+def _merge_loaded(request, common, objects: Dict[str, object]):
+    """`request` with loaded values in place of its sharded leaves (tensor data, loaded objects), merged
+    into the checkpoint's `common` part."""
+    if isinstance(request, ShardedTensor):
+        return request.data
+    if isinstance(request, ShardedObject):
+        return objects.get(request.unique_key)
+    if isinstance(request, dict):
+        merged = dict(common) if isinstance(common, dict) else {}
+        for key, value in request.items():
+            merged[key] = _merge_loaded(value, merged.get(key), objects)
+        return merged
+    if isinstance(request, list):
+        return [_merge_loaded(item, None, objects) for item in request]
+    return request if common is None else common
 
 
 def _process_group():
@@ -105,7 +115,13 @@ def is_distributed_checkpoint(checkpoint_dir) -> bool:
     return os.path.isfile(os.path.join(checkpoint_dir, METADATA_FILENAME))
 
 
-def _write(checkpoint_dir, boxes, objects, common, process_group) -> None:
+def _common_object(common: dict) -> ShardedObject:
+    """The common part as Megatron-Core stores it: one object, written by rank 0."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return ShardedObject(COMMON_STATE_KEY, common, (1,), (0,), replica_id=rank)
+
+
+def _write(checkpoint_dir, boxes, objects, process_group) -> None:
     dcp.save(
         {},
         storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1),
@@ -114,7 +130,6 @@ def _write(checkpoint_dir, boxes, objects, common, process_group) -> None:
         no_dist=process_group is None,
     )
     if _is_writer_of_common():
-        write_atomically(os.path.join(checkpoint_dir, COMMON_FILENAME), lambda file: torch.save(common, file))
         text = json.dumps(CHECKPOINT_METADATA).encode()
         write_atomically(os.path.join(checkpoint_dir, METADATA_FILENAME), lambda file: file.write(text))
 
@@ -131,32 +146,59 @@ def save(state_dict: dict, checkpoint_dir: str, async_sharded_save: bool = False
         for tensor in tensors if is_main_replica(tensor.replica_id)
         for offset, data in tensor.boxes()
     ]
+    objects = objects + [_common_object(common)]
     written_objects = {item.unique_key: item.data for item in objects if is_main_replica(item.replica_id)}
     os.makedirs(checkpoint_dir, exist_ok=True)
     process_group = _process_group()
     if not async_sharded_save:
-        _write(checkpoint_dir, boxes, written_objects, common, process_group)
+        _write(checkpoint_dir, boxes, written_objects, process_group)
         return None
     # A snapshot: training goes on changing the live tensors while the thread writes.
     snapshot = [TensorBox(box.key, box.offset, box.tensor.detach().to("cpu", copy=True), box.global_shape)
                 for box in boxes]
-    written_objects, common = copy.deepcopy(written_objects), copy.deepcopy(common)
-    return AsyncSaveRequest(lambda: _write(checkpoint_dir, snapshot, written_objects, common, process_group))
+    written_objects = copy.deepcopy(written_objects)
+    return AsyncSaveRequest(lambda: _write(checkpoint_dir, snapshot, written_objects, process_group))
 
 
 def load_common_state_dict(checkpoint_dir) -> dict:
-    """The common part (`common.pt`) of a distributed checkpoint, with clear errors when absent."""
+    """The common part of a distributed checkpoint (its `common_state` object, or a legacy `common.pt`),
+    with clear errors when absent. Every rank reads it by itself."""
     if not is_distributed_checkpoint(checkpoint_dir):
         raise FileNotFoundError(
             f"{checkpoint_dir} is not a complete distributed checkpoint: it has no {METADATA_FILENAME} (an "
             "interrupted save, or a --ckpt-format torch checkpoint)"
         )
-    return torch.load(os.path.join(checkpoint_dir, COMMON_FILENAME), map_location="cpu", weights_only=False)
+    legacy = os.path.join(checkpoint_dir, LEGACY_COMMON_FILENAME)
+    if os.path.isfile(legacy):
+        return torch.load(legacy, map_location="cpu", weights_only=False, pickle_module=tolerant_pickle_module)
+    return load_objects(checkpoint_dir, [_common_object(None).unique_key])[_common_object(None).unique_key]
+
+
+def load_objects(checkpoint_dir, keys: List[str]) -> Dict[str, object]:
+    """{unique key: object} of the ShardedObjects `keys` of a distributed checkpoint (no collective)."""
+    missing = [key for key in keys if key not in saved_keys(checkpoint_dir)]
+    if missing:
+        raise ValueError(f"distributed checkpoint {checkpoint_dir} has no {', '.join(missing)}")
+    planner = ShardedLoadPlanner(checkpoint_dir, [], keys)
+    dcp.load({}, storage_reader=dcp.FileSystemReader(checkpoint_dir), planner=planner, no_dist=True)
+    return planner.loaded_objects
 
 
 def saved_keys(checkpoint_dir) -> set:
     """The global keys of the tensors and objects a distributed checkpoint holds (from DCP's index)."""
     return set(dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata)
+
+
+def saved_tensors(checkpoint_dir) -> Dict[str, Tuple[tuple, torch.dtype]]:
+    """{global key: (global shape, dtype)} of the tensors of a distributed checkpoint."""
+    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    return {key: (tuple(value.size), value.properties.dtype) for key, value in metadata.items()
+            if hasattr(value, "size")}
+
+
+def saved_tensor_shapes(checkpoint_dir) -> Dict[str, tuple]:
+    """{global key: global shape} of the tensors of a distributed checkpoint."""
+    return {key: shape for key, (shape, _) in saved_tensors(checkpoint_dir).items()}
 
 
 def _missing_keys(checkpoint_dir, requested: set, process_group) -> List[str]:
@@ -165,7 +207,8 @@ def _missing_keys(checkpoint_dir, requested: set, process_group) -> List[str]:
     if process_group is not None:
         everyone = [None] * dist.get_world_size(process_group)
         dist.all_gather_object(everyone, requested, group=process_group)
-    return sorted(saved_keys(checkpoint_dir) - set().union(*everyone))
+    saved = {key for key in saved_keys(checkpoint_dir) if not key.startswith(COMMON_STATE_KEY + "/")}
+    return sorted(saved - set().union(*everyone))
 
 
 def load(state_dict: dict, checkpoint_dir: str, strict: str = "assume_ok_unexpected"):

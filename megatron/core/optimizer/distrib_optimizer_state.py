@@ -41,7 +41,7 @@ def _params_device(optimizer) -> torch.device:
     return optimizer.buffers[0].grad_data.device
 
 
-def _owned_state(optimizer, bucket) -> Iterator[Tuple[object, int, Optional[torch.Tensor]]]:
+def owned_state(optimizer, bucket) -> Iterator[Tuple[object, int, Optional[torch.Tensor]]]:
     """(this rank's piece of a param, row of STATE_KEYS, that row's tensor) for the params of `bucket`."""
     for param in bucket.params_list:
         piece = optimizer.shard_ranges.get(param)
@@ -63,7 +63,7 @@ def gather_parameter_state_dp_zero(optimizer) -> Optional[dict]:
         offset = 0
         for bucket in buffer.buckets:
             local = torch.zeros(len(STATE_KEYS), bucket.grad_data.numel() // size, device=_params_device(optimizer))
-            for piece, row, tensor in _owned_state(optimizer, bucket):
+            for piece, row, tensor in owned_state(optimizer, bucket):
                 if tensor is not None:
                     local[row, piece.local_start : piece.local_end] = tensor.detach()
             local = local.to(device)
@@ -128,7 +128,7 @@ def scatter_parameter_state_dp_zero(optimizer, state_dict: Optional[dict]) -> No
                 shards = [shard.contiguous() for shard in padded.split(numel // size, dim=1)]
             dist.scatter(received, shards, src=root, group=group)
             received = received.to(_params_device(optimizer))
-            for piece, row, tensor in _owned_state(optimizer, bucket):
+            for piece, row, tensor in owned_state(optimizer, bucket):
                 if tensor is None:
                     raise RuntimeError("load the optimizer's state_dict (load_state_dict) before its param state")
                 tensor.detach().copy_(received[row, piece.local_start : piece.local_end])

@@ -45,7 +45,9 @@ def get_param_groups(
                 use_decoupled_learning_rate and getattr(param, "is_embedding_or_output_parameter", False),
             )
             params_by_key.setdefault(key, []).append(param)
-    return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key))} for key, params in params_by_key.items()]
+    # default_config: the group follows the run's own LR schedule (Megatron-LM logs the lr of such a group).
+    return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key)), "default_config": key[1] == 1.0 and not key[3]}
+            for key, params in params_by_key.items()]
 
 
 def set_min_and_max_lr(

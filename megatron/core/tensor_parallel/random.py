@@ -47,6 +47,10 @@ class CudaRNGStatesTracker:
     def reset(self) -> None:
         self.states_: dict[str, torch.Tensor] = {}
         self.seeds_: set[int] = set()
+        # The seed each stream started from, and the default generator's (model_parallel_cuda_manual_seed):
+        # what a checkpoint written on a CPU gives a GPU run that resumes it.
+        self.stream_seeds: dict[str, int] = {}
+        self.default_seed: int | None = None
 
     def is_initialized(self) -> bool:
         return bool(self.states_)
@@ -65,6 +69,7 @@ class CudaRNGStatesTracker:
         if name in self.states_:
             raise ValueError(f"RNG stream {name!r} already exists")
         self.seeds_.add(seed)
+        self.stream_seeds[name] = seed
         original = _get_device_rng_state()
         _device_manual_seed(seed)
         self.states_[name] = _get_device_rng_state()
@@ -128,6 +133,7 @@ def model_parallel_cuda_manual_seed(
     )
     tracker = get_cuda_rng_tracker()
     tracker.reset()
+    tracker.default_seed = seed
     _device_manual_seed(seed)
     tracker.add(_DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, tensor_parallel_seed)

@@ -62,7 +62,10 @@ class SelfAttention(MegatronModule):
         self.ranks_per_query_group = max(tp // config.num_query_groups, 1)
         self.num_query_groups_per_partition = max(config.num_query_groups // tp, 1)
 
-        self.linear_qkv = build_module(
+        # Registered after core_attention and linear_proj, as in Megatron-Core (whose Attention base class
+        # builds those two): the parameter and state-dict order, by which a torch-format optimizer state is
+        # indexed. Built first, so the initial weights are drawn in the same order as before.
+        linear_qkv = build_module(
             submodules.linear_qkv,
             config.hidden_size,
             self.query_projection_size + 2 * self.kv_projection_size,
@@ -85,6 +88,7 @@ class SelfAttention(MegatronModule):
             input_is_parallel=True,
             skip_bias_add=True,
         )
+        self.linear_qkv = linear_qkv
         self.q_layernorm = self._build_head_norm(submodules.q_layernorm)
         self.k_layernorm = self._build_head_norm(submodules.k_layernorm)
         self.checkpoint_core_attention = (
@@ -213,8 +217,9 @@ class CrossAttention(MegatronModule):
             config=config, init_method=config.init_method, gather_output=False, bias=config.add_bias_linear,
             skip_bias_add=False,
         )
-        self.linear_q = build_module(submodules.linear_q, config.hidden_size, projection_size, **column_args)
-        self.linear_kv = build_module(submodules.linear_kv, config.hidden_size, 2 * projection_size, **column_args)
+        # Registered after core_attention and linear_proj as in Megatron-Core (see SelfAttention), built first.
+        linear_q = build_module(submodules.linear_q, config.hidden_size, projection_size, **column_args)
+        linear_kv = build_module(submodules.linear_kv, config.hidden_size, 2 * projection_size, **column_args)
         self.core_attention = build_module(
             submodules.core_attention,
             config=config,
@@ -232,6 +237,7 @@ class CrossAttention(MegatronModule):
             input_is_parallel=True,
             skip_bias_add=True,
         )
+        self.linear_q, self.linear_kv = linear_q, linear_kv
         self.checkpoint_core_attention = (
             config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
         )

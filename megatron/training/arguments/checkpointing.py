@@ -35,10 +35,14 @@ def _add_checkpointing_args(parser: argparse.ArgumentParser) -> argparse.Argumen
                        help="With --use-checkpoint-args, keep this command line's tokenizer model.")
     group.add_argument("--exit-on-missing-checkpoint", action="store_true",
                        help="Exit instead of initialising randomly when --load has no checkpoint.")
-    # Megatron's default is torch_dist; ours stays torch (README, "Checkpoints", says why).
-    group.add_argument("--ckpt-format", default="torch", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
-                       help="Checkpoint format: torch (one file per model-parallel rank, the default here) or "
-                            "torch_dist (sharded, loads under any TP/PP/DP layout; Megatron's default).")
+    group.add_argument("--ckpt-format", default="torch_dist",
+                       choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
+                       help="Checkpoint format: torch_dist (sharded, loads under any TP/PP/DP layout; the default, as "
+                            "in Megatron-LM) or torch (one file per model-parallel rank).")
+    group.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
+                       help="torch_dist with --use-distributed-optimizer: write the optimizer state per parameter "
+                            "(loads under any TP/PP/DP layout and into either optimizer) instead of per DDP bucket "
+                            "(loads only under the saving TP/PP layout).")
     group.add_argument("--auto-detect-ckpt-format", action="store_true",
                        help="Detect the format of the checkpoint being loaded.")
     group.add_argument("--ckpt-convert-format", default=None, choices=["torch", "torch_dist"],

@@ -140,7 +140,7 @@ DEPRECATED_FLAGS = (
                 _maps_to("--cuda-graph-impl", "cuda_graph_impl", "local", unset="none")),
     _Deprecated(("--cuda-graph-scope",), "cuda_graph_scope", _cuda_graph_scope, {"nargs": "*"}),
     _Deprecated(("--use-dist-ckpt",), "use_dist_ckpt",
-                _maps_to("--ckpt-format", "ckpt_format", "torch_dist", unset="torch")),
+                _maps_to("--ckpt-format", "ckpt_format", "torch_dist", unset="torch_dist")),
     _Deprecated(("--dist-ckpt-format",), "dist_ckpt_format", _ignored("use --ckpt-format"), {}),
     _Deprecated(("--ckpt-fully-parallel-save",), "ckpt_fully_parallel_save_deprecated",
                 _ignored("parallel save is the default; --no-ckpt-fully-parallel-save turns it off")),

@@ -69,10 +69,11 @@ def _add_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def _add_validation_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(title="validation")
     group.add_argument("--eval-iters", type=int, default=100, help="Iterations per evaluation.")
-    # Megatron <= v0.15 defaults to 1000, v0.16 and HEAD to None. Existing scripts (and the size of the
-    # validation split, which divides by it) expect 1000, so we keep it.
-    group.add_argument("--eval-interval", type=int, default=1000,
-                       help="Iterations between evaluations on the validation set (default 1000).")
+    # Megatron <= v0.15 defaulted to 1000; v0.16 and main to None: no evaluation during training, only the
+    # one after it (the validation split then holds one evaluation's samples, data_iterators.py).
+    group.add_argument("--eval-interval", type=int, default=None,
+                       help="Iterations between evaluations on the validation set (default: none during training, "
+                            "one evaluation after it).")
     group.add_argument("--skip-train", action="store_true", help="Skip training; only evaluate.")
     group.add_argument("--full-validation", action="store_true", help="Evaluate on the whole validation set.")
     group.add_argument("--multiple-validation-sets", action="store_true",

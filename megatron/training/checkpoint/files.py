@@ -12,14 +12,27 @@ import zipfile
 import torch
 
 from megatron.core.atomic_write import write_atomically
+from megatron.core.dist_checkpointing.unpickling import (
+    holds_placeholders,
+    tolerant_pickle_module,
+    unreadable_arguments,
+)
+from megatron.training.console import print_rank_0
 
 # The `checkpoint_version` every torch-format file records (Megatron-LM writes 3.0).
 CHECKPOINT_VERSION = 3.0
+# The files whose unreadable arguments were reported (once per process).
+_reported_unreadable: list = []
 
 
 def save_atomically(obj, filename) -> None:
-    """`torch.save(obj, filename)`, crash-safe."""
-    write_atomically(filename, lambda file: torch.save(obj, file))
+    """`torch.save(obj, filename)`, crash-safe; saved arguments read as placeholders (another Megatron-LM's)
+    are written back as they were."""
+    args = obj.get("args") if isinstance(obj, dict) else None
+    if args is not None and holds_placeholders(args):
+        write_atomically(filename, lambda file: torch.save(obj, file, pickle_module=tolerant_pickle_module))
+    else:
+        write_atomically(filename, lambda file: torch.save(obj, file))
 
 
 def write_text_atomically(text: str, filename) -> None:
@@ -32,7 +45,8 @@ def load_checkpoint_file(filename):
     truncated, or needs code that is not installed.
 
     Checkpoints hold the pickled argparse Namespace (Megatron's format), so they are unpickled in full
-    (`weights_only=False`): load only checkpoints you trust.
+    (`weights_only=False`): load only checkpoints you trust. Classes this installation lacks (Megatron-LM's
+    enums in its saved arguments) become placeholders, named once (unpickling.py).
     """
     if not os.path.isfile(filename):
         directory = os.path.dirname(os.path.dirname(filename))
@@ -44,7 +58,7 @@ def load_checkpoint_file(filename):
             "checkpoint was written with another tensor/pipeline/expert-parallel layout"
         )
     try:
-        return torch.load(filename, map_location="cpu", weights_only=False)
+        state_dict = torch.load(filename, map_location="cpu", weights_only=False, pickle_module=tolerant_pickle_module)
     except PermissionError:
         raise
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
@@ -58,3 +72,20 @@ def load_checkpoint_file(filename):
             f"checkpoint file {filename} refers to code that is not available here ({error}); it was probably "
             "written by another version of Megatron-LM"
         ) from error
+    report_unreadable_arguments(state_dict, filename)
+    return state_dict
+
+
+def report_unreadable_arguments(state_dict, source) -> None:
+    """Says once per process which of the checkpoint's saved arguments hold classes this installation does
+    not have (Megatron-LM's own enums and configs: read as placeholders, see unpickling.py)."""
+    args = state_dict.get("args") if isinstance(state_dict, dict) else None
+    unreadable = unreadable_arguments(args) if args is not None else {}
+    if not unreadable or _reported_unreadable:
+        return
+    _reported_unreadable.append(source)
+    listed = ", ".join(f"{name} = {value}" for name, value in unreadable.items())
+    print_rank_0(
+        f"note: {len(unreadable)} argument(s) saved in {source} hold classes this installation does not have "
+        f"(written by another version of Megatron-LM); they were read as placeholders and are not used: {listed}"
+    )

@@ -3,7 +3,9 @@
     args                                   the run's argparse Namespace (with the consumed-sample counters)
     checkpoint_version                     3.0
     iteration                              int
-    model | model0, model1, ...            one state dict per model chunk (virtual pipeline stage)
+    model | model0, model1, ...            one state dict per model chunk (virtual pipeline stage), with
+                                           `<linear>._extra_state` (None without FP8) for each parallel
+                                           linear, as Megatron-Core writes it (absent ones load as None)
     optimizer, opt_param_scheduler         unless --no-save-optim
     rng_state                              unless --no-save-rng (see rng.py)
     num_floating_point_operations_so_far   float (added by save_checkpoint)
@@ -11,6 +13,7 @@
 
 import torch
 
+from megatron.core.dist_checkpointing.model_sharding import with_linear_extra_states
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.transformer.module import Float16Module
 from megatron.training.checkpoint.files import CHECKPOINT_VERSION
@@ -45,7 +48,7 @@ def generate_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, 
         state_dict["iteration"] = iteration
     for index, chunk in enumerate(chunks):
         save_state = getattr(chunk, "state_dict_for_save_checkpoint", chunk.state_dict)
-        state_dict[model_state_key(index, len(chunks))] = save_state()
+        state_dict[model_state_key(index, len(chunks))] = with_linear_extra_states(chunk, save_state())
     if not args.no_save_optim:
         if optimizer is not None:
             state_dict["optimizer"] = optimizer.state_dict()

@@ -4,9 +4,9 @@
 
 Prints the iteration, checkpoint_version, a summary of the training arguments, the parallel layout
 (which mp_rank_* files exist), and per file the model tensors (name, shape, dtype) and whether optimizer,
-scheduler, RNG state and distrib_optim.pt are present. For a torch_dist directory: common.pt's iteration
-and arguments, and the global tensors of the DCP index (name, global shape, dtype), optimizer state
-counted by kind. Works for this project's checkpoints and Megatron-LM's (the same format); needs no GPU
+scheduler, RNG state and distrib_optim.pt are present. For a torch_dist directory: the common state's
+iteration and arguments, the global tensors of the DCP index (name, global shape, dtype), the optimizer's
+layout and state counted by kind. Works for this project's checkpoints and Megatron-LM's (the same format); needs no GPU
 and builds no model.
 """
 
@@ -53,27 +53,42 @@ def _version_and_args_lines(checkpoint: dict) -> list[str]:
     return lines
 
 
+def _is_optimizer_key(key: str) -> bool:
+    return key.startswith(("optimizer.", "chained_"))
+
+
+def _optimizer_line(common: dict, saved: dict) -> str:
+    """The optimizer's layout and its state tensors counted by kind (exp_avg x N, ...)."""
+    layout = (common.get("content_metadata") or {}).get("distrib_optim_sharding_type")
+    kinds = collections.Counter(key.split(".")[2] if key.startswith("optimizer.state.") else key.rsplit(".", 1)[1]
+                                for key, entry in saved.items() if _is_optimizer_key(key) and hasattr(entry, "size"))
+    counted = ", ".join(f"{kind} x {number}" for kind, number in sorted(kinds.items())) or "none"
+    return f"  optimizer state{f' ({layout})' if layout else ''}: {counted}"
+
+
 def _describe_distributed(directory: str, iteration: int, release: bool, tensors: bool) -> list[str]:
-    """common.pt and the DCP index of a torch_dist iteration directory."""
+    """The common state and the DCP index of a torch_dist iteration directory."""
     common = read_common_state(directory)
     saved = FileSystemReader(directory).read_metadata().state_dict_metadata
     shards = sorted(name for name in os.listdir(directory) if name.endswith(".distcp"))
+    legacy = ", common.pt" if os.path.isfile(os.path.join(directory, "common.pt")) else ""
     lines = [f"checkpoint {directory} (torch_dist: global tensors, loads under any parallel layout)",
              f"  iteration: {'release' if release else iteration}",
-             f"  files: {len(shards)} shard file(s) ({', '.join(shards)}), common.pt, metadata.json"]
+             f"  files: {len(shards)} shard file(s) ({', '.join(shards)}){legacy}, metadata.json"]
     lines += _version_and_args_lines(common)
     present = [key for key in _OTHER_STATE if key in common]
-    objects = sorted(key for key, entry in saved.items() if not hasattr(entry, "size"))
-    lines.append(f"  present: {', '.join(present) or 'none'}; sharded objects: {', '.join(objects) or 'none'}")
-    model = {key: entry for key, entry in saved.items() if hasattr(entry, "size") and not key.startswith("optimizer.")}
+    objects = [key for key, entry in saved.items() if not hasattr(entry, "size")]
+    extra_states = [key for key in objects if "._extra_state/" in key]
+    listed = sorted(key for key in objects if key not in extra_states and not key.startswith("common_state/"))
+    lines.append(f"  present: {', '.join(present) or 'none'}; sharded objects: {', '.join(listed) or 'none'}"
+                 f" (and {len(extra_states)} _extra_state)")
+    model = {key: entry for key, entry in saved.items() if hasattr(entry, "size") and not _is_optimizer_key(key)}
     count = sum(math.prod(entry.size) for entry in model.values())
     lines.append(f"  model: {len(model)} global tensors, {count:,} parameters")
     if tensors:
         lines.extend(f"    {key:<60} {str(tuple(entry.size)):<16} {str(entry.properties.dtype).removeprefix('torch.')}"
                      for key, entry in sorted(model.items()))
-    kinds = collections.Counter(key.split(".")[2] for key in saved if key.startswith("optimizer.state."))
-    lines.append("  optimizer state: " + (", ".join(f"{kind} x {number}" for kind, number in sorted(kinds.items()))
-                                          or "none"))
+    lines.append(_optimizer_line(common, saved))
     return lines
 
 

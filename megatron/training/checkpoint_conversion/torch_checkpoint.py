@@ -1,4 +1,5 @@
-"""Whole torch-format GPT checkpoints (reference 8.1, 8.2) as one full state dict, in either direction.
+"""Whole torch-format GPT checkpoints (reference 8.1, 8.2) as one full state dict, in either direction (and
+torch_dist ones, read by dist_checkpoint.py).
 
 Reading takes every `mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt` of an iteration, merges the tensor-parallel
 shards, the expert-parallel ranks (local -> global expert numbers, expert_sharding.py) and the pipeline
@@ -14,6 +15,7 @@ import itertools
 import os
 import re
 
+from megatron.core.dist_checkpointing import is_distributed_checkpoint
 from megatron.training.checkpoint.files import (
     CHECKPOINT_VERSION,
     load_checkpoint_file,
@@ -21,6 +23,7 @@ from megatron.training.checkpoint.files import (
     write_text_atomically,
 )
 from megatron.training.checkpoint.layout import get_checkpoint_name, get_checkpoint_tracker_filename, read_metadata
+from megatron.training.checkpoint_conversion.dist_checkpoint import read_dist_checkpoint
 from megatron.training.checkpoint_conversion.expert_sharding import (
     from_grouped_keys,
     merge_experts,
@@ -90,8 +93,14 @@ def rank_files(directory: str, expert_parallel: bool = False) -> dict[tuple[int,
 
 
 def read_torch_checkpoint(load_dir: str, iteration: int | None = None) -> tuple[dict, argparse.Namespace, int, bool]:
-    """(full GPT state dict, args with defaults filled in, iteration, release) of a torch-format checkpoint."""
-    directory, iteration, release = iteration_directory(load_dir, iteration)
+    """(full GPT state dict, args with defaults filled in, iteration, release) of a torch-format checkpoint,
+    or of a torch_dist one (dist_checkpoint.py)."""
+    directory, iteration, release = iteration_directory(load_dir, iteration, allow_distributed=True)
+    if is_distributed_checkpoint(directory):
+        state, args = read_dist_checkpoint(directory)
+        if args is None:
+            raise ValueError(f"{directory} records no training arguments ('args'), so its shape is unknown")
+        return state, _with_defaults(args), iteration, release
     first_file = rank_files(directory)[(0, 0, 0)]
     first = load_checkpoint_file(first_file)
     if "args" not in first or "model" not in first:

@@ -1,8 +1,9 @@
-"""A GPT ready to generate, rebuilt from a torch-format checkpoint alone.
+"""A GPT ready to generate, rebuilt from a checkpoint alone.
 
 The checkpoint's `args` (the training run's argparse Namespace, reference 8.2) give the model shape and
-the tokenizer; the weights come from its `model` entry. Only tensor- and pipeline-parallel size 1 can be
-loaded so far: the file of one rank then holds the whole model.
+the tokenizer; the weights come from its `model` entry (torch format: only tensor- and pipeline-parallel
+size 1 so far, whose one file holds the whole model) or its global tensors (torch_dist, any layout: they
+are read for TP = PP = 1).
 """
 
 import argparse
@@ -11,6 +12,12 @@ import os
 
 import torch
 
+from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, saved_keys
+from megatron.core.dist_checkpointing.model_sharding import (
+    load_extra_states,
+    model_sharded_state_dict,
+    without_absent_extra_states,
+)
 from megatron.training import global_vars
 from megatron.training.arguments import build_parser
 from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
@@ -41,7 +48,7 @@ def _read_checkpoint(load_dir: str, ckpt_step: int | None):
     """(state dict, file name) of the rank-0 file of the checkpoint to load; clear errors when there is none."""
     if not os.path.isdir(load_dir):
         raise FileNotFoundError(f"--load {load_dir}: no such directory")
-    request = argparse.Namespace(ckpt_step=ckpt_step, exit_on_missing_checkpoint=False)
+    request = argparse.Namespace(ckpt_step=ckpt_step, exit_on_missing_checkpoint=False, auto_detect_ckpt_format=True)
     state_dict, checkpoint_name, _ = load_base_checkpoint(load_dir, request, rank0=True)
     if state_dict is None:
         iterations = sorted(name for name in os.listdir(load_dir) if name.startswith("iter_"))
@@ -55,9 +62,10 @@ def _read_checkpoint(load_dir: str, ckpt_step: int | None):
     return state_dict, checkpoint_name
 
 
-def _checkpoint_args(state_dict: dict, checkpoint_name: str) -> argparse.Namespace:
+def _checkpoint_args(state_dict: dict, checkpoint_name: str, sharded: bool) -> argparse.Namespace:
     """The training arguments stored in the checkpoint, with this project's defaults for any it lacks
-    (checkpoints of other Megatron-LM versions record a different set), checked for TP = PP = 1."""
+    (checkpoints of other Megatron-LM versions record a different set); a torch-format checkpoint is checked
+    for TP = PP = 1, a sharded one is read for TP = PP = 1."""
     if "args" not in state_dict:
         raise ValueError(f"{checkpoint_name} records no training arguments ('args'), so the model cannot be rebuilt")
     args = copy.copy(state_dict["args"])
@@ -66,7 +74,9 @@ def _checkpoint_args(state_dict: dict, checkpoint_name: str) -> argparse.Namespa
             setattr(args, name, default)
     tensor_parallel = args.tensor_model_parallel_size
     pipeline_parallel = args.pipeline_model_parallel_size
-    if tensor_parallel != 1 or pipeline_parallel != 1:
+    if sharded:
+        args.tensor_model_parallel_size = args.pipeline_model_parallel_size = 1
+    elif tensor_parallel != 1 or pipeline_parallel != 1:
         raise ValueError(
             f"{checkpoint_name} was saved with tensor_model_parallel_size={tensor_parallel}, "
             f"pipeline_model_parallel_size={pipeline_parallel}: text generation loads TP=1 only for now "
@@ -86,6 +96,12 @@ def _build_tokenizer(args: argparse.Namespace, checkpoint_name: str):
         ) from None
 
 
+def _load_sharded_weights(model, checkpoint_dir: str) -> None:
+    """The model's weights from a torch_dist checkpoint's global tensors (this process alone)."""
+    request = without_absent_extra_states(model_sharded_state_dict(model), saved_keys(checkpoint_dir))
+    load_extra_states(model, load({"model": request}, checkpoint_dir)["model"])
+
+
 def load_model_for_inference(
     load_dir: str,
     ckpt_step: int | None = None,
@@ -101,7 +117,8 @@ def load_model_for_inference(
     """
     device = resolve_device(device)
     state_dict, checkpoint_name = _read_checkpoint(load_dir, ckpt_step)
-    args = _checkpoint_args(state_dict, checkpoint_name)
+    sharded = is_distributed_checkpoint(checkpoint_name)
+    args = _checkpoint_args(state_dict, checkpoint_name, sharded)
     for name, path in (tokenizer_files or {}).items():
         if name not in TOKENIZER_FILE_ARGS:
             raise ValueError(f"unknown tokenizer file {name!r}; expected one of {', '.join(TOKENIZER_FILE_ARGS)}")
@@ -117,6 +134,9 @@ def load_model_for_inference(
     global_vars.set_args(args)
     global_vars.set_tokenizer(tokenizer)
     model = model_provider()
-    load_model_state(model, state_dict, strict=True, checkpoint_name=checkpoint_name)
+    if sharded:
+        _load_sharded_weights(model, checkpoint_name)
+    else:
+        load_model_state(model, state_dict, strict=True, checkpoint_name=checkpoint_name)
     print(f" loaded {checkpoint_name} onto {device}", flush=True)
     return model.to(device).eval(), tokenizer, args

@@ -1,9 +1,10 @@
-"""Save at TP=2 x PP=2 (4 gloo ranks) with the plain and with the distributed optimizer, load at TP=1 x PP=1
-(x DP=4, into the other optimizer), TP=4 and PP=4: the logits of a fixed batch and the loss of the next
-training step equal those of the run that saved (fp32; another TP size changes the order of sums, hence
-1e-5, measured ~1e-7), and bitwise under the saving layout. The stored global tensors are checked against
-the TP shards by hand: SwiGLU's fc1 is [gate_0; gate_1; up_0; up_1] of the two TP ranks' [gate_r; up_r];
-the last stage's tied output weight is not stored."""
+"""Save at TP=2 x PP=2 (4 gloo ranks) with the plain and with the distributed optimizer (its model-space
+layout, --dist-ckpt-optim-fully-reshardable), load at TP=1 x PP=1 (x DP=4, into the other optimizer), TP=4 and
+PP=4: the logits of a fixed batch and the loss of the next training step equal those of the run that saved
+(fp32; another TP size changes the order of sums, hence 1e-5, measured ~1e-7), and bitwise under the saving
+layout, also from the distributed optimizer's bucket layout (dp_reshardable). The stored global tensors are
+checked against the TP shards by hand: SwiGLU's fc1 is [gate_0; gate_1; up_0; up_1] of the two TP ranks'
+[gate_r; up_r], the layers stacked on a leading axis; the last stage's tied output weight is not stored."""
 
 import os
 
@@ -13,36 +14,49 @@ from torch.distributed.checkpoint import FileSystemReader
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing import load, load_common_state_dict, save
 from megatron.core.dist_checkpointing.model_sharding import model_sharded_state_dict
+from megatron.core.dist_checkpointing.optimizer_buckets import apply_bucket_state, bucket_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import (
-    optimizer_common_state,
-    optimizer_sharded_state_dict,
+    FULLY_RESHARDABLE,
+    model_space_sharded_state_dict,
+    optimizer_checkpoint_entry,
     prepare_optimizer_for_load,
+    saved_entries,
+    sub_optimizers,
 )
 from tests.unit_tests.dist_checkpointing.tiny_gpt import build, full_logits, train_step
 from tests.unit_tests.dist_utils import run_distributed
 
-FC1 = "decoder.layers.3.mlp.linear_fc1.weight"  # on the last stage under PP=2 and PP=4
-# Saved: name -> (TP, PP, distributed optimizer)
-SAVED = {"plain": (2, 2, False), "distributed": (2, 2, True)}
+FC1 = "decoder.layers.mlp.linear_fc1.weight"  # layer 3 on the last stage under PP=2 and PP=4
+# Saved: name -> (TP, PP, distributed optimizer, fully reshardable)
+SAVED = {"plain": (2, 2, False, False), "distributed": (2, 2, True, True), "buckets": (2, 2, True, False)}
 # Loaded: (TP, PP, distributed optimizer, checkpoint); TP=1 x PP=1 runs at DP=4 and takes the other optimizer.
 TARGETS = [
-    (2, 2, True, "distributed"),
+    (2, 2, True, "distributed"), (2, 2, True, "buckets"),
     (1, 1, True, "plain"), (4, 1, False, "plain"), (1, 4, False, "plain"),
     (1, 1, False, "distributed"), (4, 1, True, "distributed"), (1, 4, True, "distributed"),
 ]
 
 
-def _save(ddp, optimizer, directory) -> None:
+def _save(ddp, optimizer, directory, fully_reshardable=True) -> None:
     model = ddp.module
-    save({"model": model_sharded_state_dict(model),
-          "optimizer": {"common": optimizer_common_state(optimizer),
-                        "sharded": optimizer_sharded_state_dict(optimizer, [model])}}, directory)
+    entry, _ = optimizer_checkpoint_entry(optimizer, [model], fully_reshardable)
+    save({"model": model_sharded_state_dict(model), "optimizer": entry}, directory)
 
 
 def _load(ddp, optimizer, directory) -> None:
-    prepare_optimizer_for_load(optimizer, load_common_state_dict(directory)["optimizer"]["common"])
-    load({"model": model_sharded_state_dict(ddp.module),
-          "optimizer": optimizer_sharded_state_dict(optimizer, [ddp.module])}, directory)
+    entries = saved_entries(load_common_state_dict(directory)["optimizer"])
+    request = {"model": model_sharded_state_dict(ddp.module)}
+    if entries[0].get("param_state_sharding_type") == "dp_reshardable":
+        (sub,) = sub_optimizers(optimizer)
+        request["optimizer"] = bucket_sharded_state_dict(sub, fill=False)
+        loaded = load(request, directory)
+        prepare_optimizer_for_load(optimizer, [loaded["optimizer"]])
+        apply_bucket_state(sub, request["optimizer"])
+        return
+    prepare_optimizer_for_load(optimizer, entries)
+    main_key = "param" if entries[0].get("param_state_sharding_type") == FULLY_RESHARDABLE else "fp32_param"
+    request["optimizer"] = model_space_sharded_state_dict(optimizer, [ddp.module], main_key)
+    load(request, directory)
 
 
 def _local_fc1(ddp) -> torch.Tensor:
@@ -54,12 +68,12 @@ def _local_fc1(ddp) -> torch.Tensor:
 
 def _reshard_checks(rank, world_size, directory):
     saved = {}
-    for name, (tensor_parallel, pipeline_parallel, distributed) in SAVED.items():
+    for name, (tensor_parallel, pipeline_parallel, distributed, fully_reshardable) in SAVED.items():
         ddp, optimizer = build(tensor_parallel, pipeline_parallel, distributed, seed=1)
         for step in range(2):
             train_step(ddp, optimizer, step)
         logits, fc1 = full_logits(ddp), _local_fc1(ddp)
-        _save(ddp, optimizer, os.path.join(directory, name))
+        _save(ddp, optimizer, os.path.join(directory, name), fully_reshardable)
         saved[name] = (logits, fc1, train_step(ddp, optimizer, 2))
     loaded = []
     for tensor_parallel, pipeline_parallel, distributed, name in TARGETS:
@@ -77,7 +91,7 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_tp4_pp4_with_either_optimizer(tmp_path)
     for (tensor_parallel, pipeline_parallel, distributed, name), (logits, _, loss) in zip(TARGETS, loaded):
         reference_logits, _, reference_loss = saved[name]
         where = f"TP={tensor_parallel} PP={pipeline_parallel} distributed={distributed} from {name}"
-        if (tensor_parallel, pipeline_parallel, distributed) == SAVED[name]:
+        if (tensor_parallel, pipeline_parallel, distributed) == SAVED[name][:3]:
             assert torch.equal(logits, reference_logits) and loss == reference_loss, where
         else:
             torch.testing.assert_close(logits, reference_logits, rtol=1e-5, atol=1e-5, msg=where)
@@ -96,9 +110,9 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_tp4_pp4_with_either_optimizer(tmp_path)
 
     directory = tmp_path / "plain"
     metadata = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
-    assert tuple(metadata[FC1].size) == (96, 32)
-    assert tuple(metadata[f"optimizer.state.exp_avg.{FC1}"].size) == (96, 32)
+    assert tuple(metadata[FC1].size) == (4, 96, 32)
+    assert tuple(metadata[f"optimizer.state.exp_avg.{FC1}"].size) == (4, 96, 32)
     assert "output_layer.weight" not in metadata and tuple(metadata["embedding.word_embeddings.weight"].size) == (
         256, 32)
     assert sorted(os.listdir(directory)) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "common.pt", "metadata.json"]
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "metadata.json"]

@@ -1,11 +1,21 @@
-"""save/load on one process: what goes to common.pt and what to DCP, and padded dimensions (the vocabulary,
+"""save/load on one process: what goes to the common state (an object in the DCP files, as Megatron-Core
+writes it) and what to DCP tensors, and padded dimensions (the vocabulary,
 padded to a multiple of 128 x TP) loading across paddings: the rows both have are read, the others keep
 their values; any other shape difference is refused by name."""
+
+import os
 
 import pytest
 import torch
 
-from megatron.core.dist_checkpointing import ShardedObject, ShardedTensor, load, load_common_state_dict, save
+from megatron.core.dist_checkpointing import (
+    ShardedObject,
+    ShardedTensor,
+    load,
+    load_common_state_dict,
+    save,
+    saved_keys,
+)
 
 
 def _embedding(rows: int, fill: float, allow_shape_mismatch: bool = True) -> ShardedTensor:
@@ -24,7 +34,11 @@ def checkpoint(tmp_path):
 
 
 def test_common_part_and_objects_round_trip(checkpoint):
-    assert load_common_state_dict(checkpoint) == {"model": {}, "iteration": 7, "args": {"lr": 0.1}}
+    # A dict whose entries are all sharded is left out of the common part, as in Megatron-Core.
+    assert load_common_state_dict(checkpoint) == {"iteration": 7, "args": {"lr": 0.1}}
+    assert sorted(os.listdir(checkpoint)) == [".metadata", "__0_0.distcp", "metadata.json"]
+    assert saved_keys(checkpoint) == {"common_state/shard_0_1", "rng_state/shard_0_1",
+                                      "embedding.word_embeddings.weight"}
     loaded = load({"model": {"embedding": _embedding(8, 0.0)}, "rng": ShardedObject("rng_state", None, (1,), (0,))},
                   checkpoint)
     assert torch.equal(loaded["model"]["embedding"], torch.arange(16.0).view(8, 2))

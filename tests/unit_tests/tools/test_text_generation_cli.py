@@ -53,7 +53,7 @@ def trained(tmp_path_factory):
         sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *MODEL_FLAGS, "--micro-batch-size", "2",
         "--global-batch-size", "2", "--lr", "1e-2", "--train-iters", "2", "--mock-data",
         "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab_file, "--merge-file", merge_file,
-        "--save", save, "--save-interval", "1", "--eval-iters", "0", "--num-workers", "0",
+        "--save", save, "--save-interval", "1", "--eval-iters", "0", "--num-workers", "0", "--ckpt-format", "torch",
     ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -36,7 +36,7 @@ REFERENCE_DEFAULTS = {
     "micro_batch_size": None, "global_batch_size": None, "rampup_batch_size": None,
     "step_batch_size_schedule": None, "decrease_batch_size_if_needed": False, "train_iters": None,
     "train_samples": None, "exit_interval": None, "exit_duration_in_mins": None, "exit_signal_handler": False,
-    "exit_signal": "SIGTERM", "seed": 1234, "data_parallel_random_init": False, "eval_iters": 100,
+    "exit_signal": "SIGTERM", "seed": 1234, "data_parallel_random_init": False, "eval_iters": 100, "eval_interval": None,
     "skip_train": False, "full_validation": False, "multiple_validation_sets": False,
     "calculate_per_token_loss": False, "check_for_nan_in_loss_and_grad": True, "manual_gc": False,
     "manual_gc_interval": 0, "empty_unused_memory_level": 0,
@@ -61,6 +61,7 @@ REFERENCE_DEFAULTS = {
     "no_load_rng": None, "no_save_optim": None, "no_save_rng": None, "finetune": False,
     "pretrained_checkpoint": None, "use_checkpoint_args": False, "exit_on_missing_checkpoint": False,
     "ckpt_step": None, "async_save": None, "ckpt_fully_parallel_save": True, "ckpt_fully_parallel_load": False,
+    "ckpt_format": "torch_dist", "dist_ckpt_optim_fully_reshardable": False,
     "ckpt_convert_format": None, "ckpt_convert_save": None, "non_persistent_save_interval": None,
     "non_persistent_ckpt_type": None, "save_retain_interval": None, "dist_ckpt_strictness": "assume_ok_unexpected",
     # 7.8 data
@@ -88,8 +89,6 @@ REFERENCE_DEFAULTS = {
 
 # Where this project deliberately differs from Megatron HEAD (each choice is written next to its flag).
 OUR_CHOICES = {
-    "eval_interval": 1000,  # Megatron <= v0.15 (HEAD: None); scripts and the valid-split size expect it
-    "ckpt_format": "torch",  # Megatron: torch_dist, not built here yet
     "transformer_impl": "local",  # Megatron: transformer_engine, not built here yet
 }
 

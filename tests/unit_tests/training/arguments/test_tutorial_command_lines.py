@@ -45,7 +45,7 @@ def test_codeparrot_command_line(validated, capsys):
     assert (args.recompute_granularity, args.recompute_method, args.recompute_num_layers) == ("full", "uniform", 1)
     assert args.lr_warmup_fraction == 0.01 and args.lr_decay_iters == 320000
     assert (args.save, args.save_interval, args.eval_interval, args.eval_iters) == ("checkpoints", 1000, 1000, 10)
-    assert args.ckpt_format == "torch"
+    assert args.ckpt_format == "torch_dist"
     captured = capsys.readouterr()
     assert "16 = micro batch size 4 x 4 microbatches x data parallel size 1" in captured.out
     deprecations = [line for line in captured.err.splitlines() if "deprecated" in line]

@@ -22,7 +22,8 @@ from .conftest import MINIMAL
     (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex: is not supported yet; use allgather"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type sinkhorn: is not supported yet"),
     (["--ckpt-format", "torch_dcp"], "--ckpt-format torch_dcp: is not supported yet; use torch_dist or torch"),
-    (["--async-save"], "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
+    (["--async-save", "--ckpt-format", "torch"],
+     "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
     (["--ckpt-convert-format", "torch_dist"], "--ckpt-convert-format torch_dist needs --ckpt-convert-save and --load"),
     (["--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine: Transformer Engine "
                                                    "layers are not built here yet; use --transformer-impl local"),
@@ -49,7 +50,7 @@ def test_transformer_engine_refusal_says_whether_te_is_installed(monkeypatch):
 
 def test_defaults_are_accepted(validated):
     args = validated(*MINIMAL)
-    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch", "local", "adam")
+    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch_dist", "local", "adam")
 
 
 def test_every_row_names_a_real_flag():

@@ -90,7 +90,7 @@ def test_use_checkpoint_args_takes_the_model_shape_from_the_checkpoint(tmp_path)
     # The command line names no model shape; a flag it does give (--seq-length) is kept.
     args = parse_args(args_list=[
         "--use-checkpoint-args", "--load", str(tmp_path), "--seq-length", "8", "--micro-batch-size", str(BATCH_SIZE),
-        "--train-iters", "10", "--lr", "1e-2", "--use-checkpoint-opt-param-scheduler",
+        "--train-iters", "10", "--lr", "1e-2", "--use-checkpoint-opt-param-scheduler", "--ckpt-format", "torch",
     ])
     args, checkpoint_args = load_args_from_checkpoint(args)
     assert checkpoint_args.num_layers == 2

@@ -97,14 +97,24 @@ def test_file_holds_megatrons_state_dict(tmp_path):
     assert state["args"].consumed_train_samples == 3 * BATCH_SIZE and state["args"].consumed_valid_samples == 8
     # Saved from inside the Float16Module: the bare GPTModel's keys, no `module.` prefix.
     bare = GPTModel(core_transformer_config_from_args(args), get_gpt_layer_local_spec(), VOCAB_SIZE, 16)
-    assert set(state["model"]) == set(bare.state_dict())
+    linears = [f"decoder.layers.{layer}.{name}" for layer in (0, 1)
+               for name in ("self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
+                            "mlp.linear_fc2")] + ["output_layer"]
+    # Megatron-Core's order: linear_proj before linear_qkv, each linear's _extra_state after its params.
+    assert set(state["model"]) == set(bare.state_dict()) | {f"{name}._extra_state" for name in linears}
+    assert all(state["model"][f"{name}._extra_state"] is None for name in linears)
+    assert list(state["model"])[4:7] == ["decoder.layers.0.self_attention.linear_proj.weight",
+                                         "decoder.layers.0.self_attention.linear_proj.bias",
+                                         "decoder.layers.0.self_attention.linear_proj._extra_state"]
     assert set(state["optimizer"]) == {"optimizer", "fp32_from_fp16_params"}
     assert set(state["opt_param_scheduler"]) == {"max_lr", "lr_warmup_steps", "num_steps", "lr_decay_style",
                                                  "lr_decay_steps", "min_lr", "start_wd", "end_wd", "wd_incr_style",
                                                  "wd_incr_steps"}
     assert len(state["rng_state"]) == 1
     generators = {"random_rng_state", "np_rng_state", "torch_rng_state", "rng_tracker_states"}
-    assert set(state["rng_state"][0]) == generators | ({"cuda_rng_state"} if torch.cuda.is_available() else set())
+    # Written on a CPU: CUDA states of the seeds for a GPU run (Megatron-LM needs them), the CPU streams apart.
+    assert set(state["rng_state"][0]) == generators | {"cuda_rng_state"} | (
+        set() if torch.cuda.is_available() else {"cpu_rng_tracker_states"})
     assert set(state["rng_state"][0]["rng_tracker_states"]) == {"model-parallel-rng", "data-parallel-rng",
                                                                 "expert-parallel-rng"}
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
@@ -293,8 +303,7 @@ def test_other_checkpoint_formats_are_refused(tmp_path):
 
     args.ckpt_format = "torch"
     (tmp_path / "iter_0000005").mkdir()
-    (tmp_path / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (tmp_path / "iter_0000005" / "__0_0.distcp").write_bytes(b"")  # a torch_dist save cut before metadata.json
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
-    with pytest.raises(ValueError, match="iter_0000005 is a torch_dist checkpoint but this run has --ckpt-format "
-                                         "torch: pass --ckpt-format torch_dist, or --auto-detect-ckpt-format"):
+    with pytest.raises(ValueError, match="iter_0000005 is an incompletely written distributed checkpoint"):
         load_checkpoint([model], optimizer, scheduler, args=args)

@@ -1,7 +1,7 @@
 """--ckpt-format torch_dist through save_checkpoint / load_checkpoint on one rank: the directory Megatron-LM
-writes (metadata.json, common.pt, DCP files) and what the inspector reports of it, an exact resume (model, bf16 main params, Adam, scheduler,
-RNG, counters), --async-save (a snapshot; "latest" only once finalised, blocking or polled), format
-detection and --ckpt-convert-format."""
+writes (metadata.json and the DCP files, with the common state inside) and what the inspector reports of it, an exact resume (model, bf16 main params, Adam, scheduler,
+RNG, counters), --async-save (a snapshot; "latest" only once finalised, blocking or polled), loading either
+format whatever --ckpt-format says (as Megatron-LM main) and --ckpt-convert-format."""
 
 import json
 import os
@@ -44,17 +44,19 @@ def test_resume_from_torch_dist_continues_exactly(tmp_path):
     save_checkpoint(2, [model], optimizer, scheduler, 3.0e12, args=args)
     expected = train_steps(model, optimizer, scheduler, args, 2, 3)
 
-    assert sorted(os.listdir(tmp_path / "iter_0000002")) == [".metadata", "__0_0.distcp", "common.pt",
-                                                              "metadata.json"]
+    assert sorted(os.listdir(tmp_path / "iter_0000002")) == [".metadata", "__0_0.distcp", "metadata.json"]
     metadata = json.loads((tmp_path / "iter_0000002" / "metadata.json").read_text())
-    assert metadata["sharded_backend"] == "torch_dist" and metadata["sharded_backend_version"] == 1
+    assert metadata == {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
     assert _tracker(tmp_path) == "2"
     report = describe_checkpoint(str(tmp_path))
-    params = len(list(model.parameters()))  # each has two Adam moments and an fp32 main copy (bf16)
-    for line in ("(torch_dist: global tensors", "iteration: 2", "files: 1 shard file(s) (__0_0.distcp)",
-                 "sharded objects: rng_state/shard_0.0_1.1", "decoder.layers.1.mlp.linear_fc1.weight",
-                 f"model: {params} global tensors",
-                 f"optimizer state: exp_avg x {params}, exp_avg_sq x {params}, fp32_param x {params}"):
+    # The layers' tensors stack into one global tensor per name (2 layers: 12 per layer + 5 outside); each has
+    # two Adam moments and an fp32 main copy (bf16); 4 linears per layer have an _extra_state object.
+    tensors = 12 + 5
+    for line in ("(torch_dist: global tensors", "iteration: 2", "files: 1 shard file(s) (__0_0.distcp), metadata.json",
+                 "sharded objects: rng_state/shard_0.0_1.1 (and 8 _extra_state)",
+                 "decoder.layers.mlp.linear_fc1.weight                         (2, 64, 32)",
+                 "decoder.layers.self_attention.linear_qkv.layer_norm_weight", f"model: {tensors} global tensors",
+                 f"optimizer state: exp_avg x {tensors}, exp_avg_sq x {tensors}, fp32_param x {tensors}"):
         assert line in report, line
 
     model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist")
@@ -85,17 +87,17 @@ def test_async_save_writes_a_snapshot_and_is_latest_once_finalised(tmp_path):
     assert_same(model_state(model), saved)
 
 
-def test_format_mismatch_is_named_and_auto_detected_or_converted(tmp_path):
+def test_either_format_loads_and_converts(tmp_path):
     args = make_args("--bf16", "--save", tmp_path / "torch")
     model, optimizer, scheduler = build_run(args, 1234)
     train_steps(model, optimizer, scheduler, args, 0, 1)
     save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
     saved = model_state(model)
 
+    # As in Megatron-LM main, a torch checkpoint loads under --ckpt-format torch_dist (the format this run saves).
     model, optimizer, scheduler, args = _fresh(tmp_path / "torch", "--ckpt-format", "torch_dist")
-    with pytest.raises(ValueError, match="iter_0000001 is a torch checkpoint but this run has --ckpt-format "
-                                         "torch_dist: pass --ckpt-format torch, or --auto-detect-ckpt-format"):
-        load_checkpoint([model], optimizer, scheduler, args=args)
+    assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
+    assert_same(model_state(model), saved)
 
     model, optimizer, scheduler, args = _fresh(tmp_path / "torch", "--ckpt-format", "torch_dist",
                                                "--auto-detect-ckpt-format", "--ckpt-convert-format", "torch_dist",

@@ -34,6 +34,9 @@ BASE_FLAGS = (
     f"--micro-batch-size {BATCH_SIZE} --global-batch-size {BATCH_SIZE} --train-iters 10 "
     "--lr 1e-2 --min-lr 1e-3 --lr-warmup-iters 3 --lr-decay-style cosine --weight-decay 0.1 "
     "--hidden-dropout 0.1 --attention-dropout 0.1 --seed 1234 --save-interval 1"
+    # Most of these tests are about the torch layout (mp_rank_*/model_optim_rng.pt); torch_dist is the
+    # default, and its tests pass --ckpt-format torch_dist (the last flag wins).
+    " --ckpt-format torch"
 ).split()
 
 
