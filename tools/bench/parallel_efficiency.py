@@ -26,10 +26,12 @@ GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, 
 8b (Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
 layers: TFLOP/s/GPU, since the layer counts differ).
 
-The TP rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary of
-the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
-copies, symmetric-memory barriers) and the part of it during which no compute kernel ran (exposed). Rank 0's
-trace of each TP row is kept in --trace-dir. The table prints last; each run's row goes to stderr as it ends.
+The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
+of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
+copies, symmetric-memory barriers) and the part of it during which no compute kernel ran (exposed). A
+communication kernel counts from its launch, so the time it waits for the other GPU is in it: for PP that is
+the pipeline bubble. Rank 0's trace of each row is kept in --trace-dir (7 files). The table prints last; each
+run's row goes to stderr as it ends.
 """
 
 import argparse
@@ -192,12 +194,13 @@ def gpt_rows(bench: Bench) -> None:
     for name, flags, environment in tp_rows:
         bench.ratio(bench.run(name, 2, gpt + flags + ["--global-batch-size", "4"], count=20, profile=True,
                               environment=environment), one)
-    bench.ratio(bench.run("DP=2, dist-opt, both overlaps", 2, gpt + DP2 + ["--global-batch-size", "8"], count=20), one)
+    bench.ratio(bench.run("DP=2, dist-opt, both overlaps", 2, gpt + DP2 + ["--global-batch-size", "8"], count=20,
+                          profile=True), one)
     micro_batches, stages = 8, 2
     for name, flags in [("PP=2 1F1B, 8 micro batches", PP2),
                         ("PP=2 interleaved x2, 8 micro batches", PP2 + ["--num-layers-per-virtual-pipeline-stage",
                                                                         "1" if bench.tiny else "6"])]:
-        row = bench.run(name, 2, gpt + flags + ["--global-batch-size", "32"])
+        row = bench.run(name, 2, gpt + flags + ["--global-batch-size", "32"], profile=True)
         if row.get("ms") and one_pp.get("ms"):
             ideal = one_pp["ms"] / stages * (micro_batches + stages - 1) / micro_batches
             row["% of ideal"] = 100 * ideal / row["ms"]

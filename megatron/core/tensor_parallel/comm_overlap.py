@@ -7,13 +7,13 @@ the nn.Linear layout) meets a collective of the sequence in two patterns:
     matmul_reduce_scatter   Y_r = RS_s(X A^T)          X [s, b, k]     -> Y_r [s/p, b, n]
 
 (forward of ColumnParallelLinear / RowParallelLinear under sequence parallelism; their backward has the
-same two patterns, see parallel_linear.py). Each has two implementations:
+same two patterns, see linear_with_comm.py). Each has two implementations:
 
 * symmetric memory (CUDA, an NCCL group whose ranks share one host with peer access): PyTorch's
   `torch.ops.symm_mem.fused_all_gather_matmul` / `fused_matmul_reduce_scatter` (torchtitan's async TP).
   The shards move between peer buffers by copy engine while the GEMMs of the shards already there run,
-  so communication takes no SMs from the GEMMs. They use barriers and peer copies only, not NVLS
-  multicast (off with TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+  so communication takes no SMs from the GEMMs. They are called so as to use barriers and peer copies
+  only, never NVLS multicast (which hosts run with TORCH_SYMM_MEM_DISABLE_MULTICAST=1 must not touch).
 * chunked (any backend, and what runs on a CPU with gloo):
     all_gather_matmul: the all-gather is started asynchronously and this rank's own rows multiplied
     meanwhile; the other ranks' rows follow when it has arrived.
@@ -55,6 +55,7 @@ class Pending:
             work.wait()
         for addend in self._addends:
             self._result.add_(addend)
+        self._works, self._addends = (), ()
         return self._result
 
 
@@ -94,8 +95,10 @@ def all_gather_matmul(shard, weight, bias, group, rank, world_size, keep_gathere
     shard = shard.contiguous()
     if implementation(group, shard.device) == SYMMETRIC_MEMORY:
         fused_all_gather_matmul, _ = fused_ops()
-        gathered, (output,) = fused_all_gather_matmul(shard, [weight.t()], 0, group.group_name, return_A=keep_gathered)
-        return gathered, output if bias is None else output.add_(bias)
+        # return_A=True also when the gathered input is not needed: without it, PyTorch may pick its multimem
+        # (NVLS multicast) kernel for small inputs, which some hosts must not use.
+        gathered, (output,) = fused_all_gather_matmul(shard, [weight.t()], 0, group.group_name, return_A=True)
+        return (gathered if keep_gathered else None), output if bias is None else output.add_(bias)
     pending = start_all_gather(shard, group, world_size)
     output = shard.new_empty((world_size * shard.size(0),) + shard.shape[1:-1] + (weight.size(0),))
     output_rows, rows_per_rank = rows(output), rows(shard).size(0)
