@@ -1,8 +1,8 @@
 """Parallel efficiency on the two GPUs of one host: every layout of the GPT 1.3B against one GPU, one table.
 
-    python tools/bench/parallel_efficiency.py                     # 2 GPUs, ~8 minutes
-    python tools/bench/parallel_efficiency.py --extra cp,ep,8b    # + the long rows (each ~2-4 minutes more)
-    python tools/bench/parallel_efficiency.py --tiny              # the script itself: tiny shapes, CPU, gloo
+    python tools/bench/parallel_efficiency.py                         # 2 GPUs, ~8 minutes
+    python tools/bench/parallel_efficiency.py --extra mbs8,cp,ep,8b   # + more rows (each pair ~1-4 min)
+    python tools/bench/parallel_efficiency.py --tiny                  # the script itself: tiny, CPU, gloo
 
 First tools/bench/tp_overlap_check.py (the sequence-parallel MLP per --tp-comm-overlap implementation), then
 `pretrain_gpt.py` runs of the GPT 1.3B (24 layers, h 2048, 16 heads, seq 2048, vocab 50304, bf16, mock data,
@@ -21,9 +21,10 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 | PP=2 1F1B, 8 micro batches | 2 | 32 | ideal step / step, ideal = one GPU's step / 2 x (m + p - 1) / m |
 | PP=2 interleaved, 2 virtual stages | 2 | 32 | same ideal (the interleaved bubble is smaller: above 100% is possible) |
 
---extra adds: cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
-GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU),
-8b (Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
+--extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond
+its tokens), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
+GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b
+(Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
 layers: TFLOP/s/GPU, since the layer counts differ).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
@@ -180,7 +181,8 @@ class Bench:
             row["% of ideal"] = 100 * row[key] / reference[key]
 
 
-def gpt_rows(bench: Bench) -> None:
+def gpt_rows(bench: Bench) -> dict:
+    """The main rows; returns the one-GPU reference row."""
     gpt = GPT_1_3B
     one = bench.run("one GPU, global batch 4", 1, gpt + ["--global-batch-size", "4"], count=20)
     one_pp = bench.run("one GPU, global batch 32 (8 micro batches)", 1, gpt + ["--global-batch-size", "32"])
@@ -205,9 +207,15 @@ def gpt_rows(bench: Bench) -> None:
             ideal = one_pp["ms"] / stages * (micro_batches + stages - 1) / micro_batches
             row["% of ideal"] = 100 * ideal / row["ms"]
             row["note"] = f"ideal {ideal:.1f} ms = one GPU {one_pp['ms']:.1f} / 2 x 9/8"
+    return one
 
 
-def extra_rows(bench: Bench, extras: list[str]) -> None:
+def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
+    if "mbs8" in extras:  # the per-micro-batch fixed cost: how the time grows with the micro batch
+        bench.ratio(bench.run("TP=2 + SP, micro batch 8", 2, GPT_1_3B + TP2 + SP + [
+            "--micro-batch-size", "8", "--global-batch-size", "8"], count=20), one)
+        bench.ratio(bench.run("TP=2 + SP + tp-comm-overlap, micro batch 8", 2, GPT_1_3B + TP2 + SP + [
+            "--tp-comm-overlap", "--micro-batch-size", "8", "--global-batch-size", "8"], count=20), one)
     if "cp" in extras:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
@@ -240,7 +248,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--extra", default="", help="comma-separated subset of cp,ep,8b")
+    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,cp,ep,8b")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
     parser.add_argument("--trace-dir", default=os.path.join(ROOT, "parallel_efficiency_traces"),
@@ -255,8 +263,8 @@ def main() -> int:
                                  capture_output=True, text=True, timeout=args.timeout)
         layer_check = checked.stdout if checked.returncode == 0 else f"FAILED:\n{checked.stderr[-2000:]}"
         print(layer_check, file=sys.stderr, flush=True)
-    gpt_rows(bench)
-    extra_rows(bench, [extra for extra in args.extra.split(",") if extra])
+    one = gpt_rows(bench)
+    extra_rows(bench, [extra for extra in args.extra.split(",") if extra], one)
 
     print(f"\n{datetime.date.today()}, commit {commit()}, {machine()}{', tiny shapes' if args.tiny else ''}, "
           f"`{' '.join(sys.argv)}`")

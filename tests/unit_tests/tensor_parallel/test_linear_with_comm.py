@@ -11,10 +11,11 @@ plain `F.linear` chain over the whole sequence (outputs, input grads, weight and
                        implementations of the same ops (the glue: shapes, transposes, return_A), since the
                        kernels need GPUs (tools/bench/tp_overlap_check.py runs them)
 
-Tolerance 1e-5 relative to each tensor's largest entry (measured <= 3e-7); overlapped and plain outputs and
-grads differ by <= 1e-6 (the GEMMs are split by rows). Also: weight gradients accumulated into main_grad
-(gradient-accumulation fusion) equal the returned ones, the implementation choice on CPU, and gloo groups
-made by their own ranks only (host_group.py).
+Tolerances, relative to each tensor's largest entry (or absolute below 1): 1e-5 against the reference
+(measured <= 1.5e-7); 1e-6 between overlapped and plain (measured: 0 at TP=2, where the sums are the same;
+<= 1e-7 at TP=4, where the partial products are added in another order). Also: weight gradients accumulated
+into main_grad (gradient-accumulation fusion) equal the returned ones (within 1e-5, measured 5e-7), the
+implementation choice on CPU, and gloo groups made by their own ranks only (host_group.py).
 """
 
 import os
@@ -86,13 +87,17 @@ def _with_reference_fused_ops(group):
     )
 
 
-def _layouts(rank: int) -> dict:
+def _layouts() -> dict:
     expected_output, expected_grads = _reference()
     results = {}
     for tp in (4, 2):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        tp_rank, group = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_group()
-        shard = lambda tensor, dim=0: tensor.chunk(tp, dim)[tp_rank]  # noqa: E731
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        group = parallel_state.get_tensor_model_parallel_group()
+
+        def shard(tensor, dim=0):
+            return tensor.chunk(tp, dim)[tp_rank]
+
         expected = [shard(expected_grads[0]), shard(expected_grads[1]), shard(expected_grads[2]),
                     shard(expected_grads[3], 1), expected_grads[4]]
         runs = {"plain": _sharded_run(tp, tp_rank, overlap=False), "chunked": _sharded_run(tp, tp_rank, overlap=True)}
@@ -106,7 +111,7 @@ def _layouts(rank: int) -> dict:
             if name != "plain":
                 plain_output, plain_grads = runs["plain"]
                 results[f"TP={tp} {name} vs plain"] = max(
-                    (a - b).abs().max().item() for a, b in zip([output, *grads], [plain_output, *plain_grads])
+                    _scaled_error(a, b) for a, b in zip([output, *grads], [plain_output, *plain_grads])
                 )
         parallel_state.destroy_model_parallel()
     return results
@@ -157,7 +162,7 @@ def _gloo_groups_of_their_own_ranks(rank: int) -> list[int]:
 
 def _all_checks(rank, world_size):
     return {
-        "layouts": _layouts(rank),
+        "layouts": _layouts(),
         "accumulate": {overlap: _accumulated_weight_gradient(overlap) for overlap in (False, True)},
         "choice": _implementation_choice(),
         "gloo": _gloo_groups_of_their_own_ranks(rank),
@@ -170,7 +175,7 @@ def test_parallel_linears_with_and_without_overlap():
         for name, error in layouts.items():
             assert error <= (OVERLAP_TOLERANCE if name.endswith("vs plain") else TOLERANCE), (rank, name, layouts)
         assert len(layouts) == 10
-        assert all(error < 1e-6 for error in results["accumulate"].values()), results["accumulate"]
+        assert all(error < TOLERANCE for error in results["accumulate"].values()), results["accumulate"]
         choice = results["choice"]
         assert choice["chunked"] == "chunked"
         assert choice["symmetric_memory"].startswith("RuntimeError: MEGATRON_TP_COMM_OVERLAP_IMPL=symmetric_memory")
