@@ -2,6 +2,7 @@
 
     python tools/bench/parallel_efficiency.py                         # 2 GPUs, ~8 minutes
     python tools/bench/parallel_efficiency.py --extra mbs8,cp,ep,8b   # + more rows (each pair ~1-4 min)
+    python tools/bench/parallel_efficiency.py --sections tp,dp        # a part of the main rows (also: pp)
     python tools/bench/parallel_efficiency.py --tiny                  # the script itself: tiny, CPU, gloo
 
 First tools/bench/tp_overlap_check.py (the sequence-parallel MLP per --tp-comm-overlap implementation), then
@@ -164,7 +165,7 @@ class Bench:
     def profile(self, name: str, output: str) -> dict:
         """The kernel summaries of the console and the communication of rank 0's trace; the trace is moved to
         --trace-dir (the profiler writes <ROOT>/torch_profile/rank-N.*)."""
-        self.notes += [f"{name}: {line}" for line in re.findall(r"profile of iterations .*", output)]
+        self.notes += [f"{name}: {line}" for line in re.findall(r"profile of iterations [^;\n]*", output)]
         directory = os.path.join(ROOT, "torch_profile")
         traces = sorted(glob.glob(os.path.join(directory, "rank-0.json*")))
         result = communication_per_step(traces[0], steps=2) if traces else {}
@@ -181,11 +182,12 @@ class Bench:
             row["% of ideal"] = 100 * row[key] / reference[key]
 
 
-def gpt_rows(bench: Bench) -> dict:
-    """The main rows; returns the one-GPU reference row."""
+def gpt_rows(bench: Bench, sections: list[str]) -> dict:
+    """The main rows of `sections` (tp, dp, pp); returns the one-GPU reference row of the TP and DP rows."""
     gpt = GPT_1_3B
-    one = bench.run("one GPU, global batch 4", 1, gpt + ["--global-batch-size", "4"], count=20)
-    one_pp = bench.run("one GPU, global batch 32 (8 micro batches)", 1, gpt + ["--global-batch-size", "32"])
+    one = {}
+    if "tp" in sections or "dp" in sections:
+        one = bench.run("one GPU, global batch 4", 1, gpt + ["--global-batch-size", "4"], count=20)
     tp_rows = [
         ("TP=2 + SP", TP2 + SP, None),
         ("TP=2 + SP + tp-comm-overlap", TP2 + SP + ["--tp-comm-overlap"], None),
@@ -193,11 +195,15 @@ def gpt_rows(bench: Bench) -> dict:
          {"MEGATRON_TP_COMM_OVERLAP_IMPL": "chunked"}),
         ("TP=2, no SP", TP2, None),
     ]
-    for name, flags, environment in tp_rows:
+    for name, flags, environment in tp_rows if "tp" in sections else []:
         bench.ratio(bench.run(name, 2, gpt + flags + ["--global-batch-size", "4"], count=20, profile=True,
                               environment=environment), one)
-    bench.ratio(bench.run("DP=2, dist-opt, both overlaps", 2, gpt + DP2 + ["--global-batch-size", "8"], count=20,
-                          profile=True), one)
+    if "dp" in sections:
+        bench.ratio(bench.run("DP=2, dist-opt, both overlaps", 2, gpt + DP2 + ["--global-batch-size", "8"],
+                              count=20, profile=True), one)
+    if "pp" not in sections:
+        return one
+    one_pp = bench.run("one GPU, global batch 32 (8 micro batches)", 1, gpt + ["--global-batch-size", "32"])
     micro_batches, stages = 8, 2
     for name, flags in [("PP=2 1F1B, 8 micro batches", PP2),
                         ("PP=2 interleaved x2, 8 micro batches", PP2 + ["--num-layers-per-virtual-pipeline-stage",
@@ -212,6 +218,7 @@ def gpt_rows(bench: Bench) -> dict:
 
 def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
     if "mbs8" in extras:  # the per-micro-batch fixed cost: how the time grows with the micro batch
+        one = one or bench.run("one GPU, global batch 4", 1, GPT_1_3B + ["--global-batch-size", "4"], count=20)
         bench.ratio(bench.run("TP=2 + SP, micro batch 8", 2, GPT_1_3B + TP2 + SP + [
             "--micro-batch-size", "8", "--global-batch-size", "8"], count=20), one)
         bench.ratio(bench.run("TP=2 + SP + tp-comm-overlap, micro batch 8", 2, GPT_1_3B + TP2 + SP + [
@@ -248,6 +255,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sections", default="tp,dp,pp", help="comma-separated subset of tp,dp,pp (the main rows)")
     parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,cp,ep,8b")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
@@ -263,7 +271,7 @@ def main() -> int:
                                  capture_output=True, text=True, timeout=args.timeout)
         layer_check = checked.stdout if checked.returncode == 0 else f"FAILED:\n{checked.stderr[-2000:]}"
         print(layer_check, file=sys.stderr, flush=True)
-    one = gpt_rows(bench)
+    one = gpt_rows(bench, args.sections.split(","))
     extra_rows(bench, [extra for extra in args.extra.split(",") if extra], one)
 
     print(f"\n{datetime.date.today()}, commit {commit()}, {machine()}{', tiny shapes' if args.tiny else ''}, "
