@@ -47,6 +47,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multi_gpu_validation import LLAMA_8B, MIXTRAL, commit, machine  # noqa: E402
@@ -259,8 +260,8 @@ def main() -> int:
     parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,cp,ep,8b")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
-    parser.add_argument("--trace-dir", default=os.path.join(ROOT, "parallel_efficiency_traces"),
-                        help="where rank 0's trace of each TP row goes")
+    parser.add_argument("--trace-dir", default=os.path.join(tempfile.gettempdir(), "parallel_efficiency_traces"),
+                        help="where rank 0's trace of each profiled row goes")
     parser.add_argument("--skip-layer-check", action="store_true", help="leave out tools/bench/tp_overlap_check.py")
     args = parser.parse_args()
 
