@@ -7,31 +7,21 @@ over a gloo twin of the group go from host to host and never wait for the GPU.
 
 The twin has the group's ranks and is made on first use by those ranks only
 (`use_local_synchronization`): ranks outside the group (other pipeline stages) need not take part. It
-is kept per (default group, ranks), so re-initialising the model-parallel state with the same ranks
-reuses it. A gloo group is its own twin.
+is kept by parallel_state with the other groups and freed with them (`destroy_model_parallel`), so no
+gloo worker thread outlives a run. A gloo group is its own twin.
 """
 
 import torch
 import torch.distributed as dist
 
+from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import all_gather_single
-
-_TWINS: dict = {}
-
 
 def host_group(group):
     """The gloo group of `group`'s ranks (`group` itself when it is a gloo group)."""
     if dist.get_backend(group) == dist.Backend.GLOO:
         return group
-    return gloo_group(dist.get_process_group_ranks(group))
-
-
-def gloo_group(ranks) -> dist.ProcessGroup:
-    """A gloo group of the global `ranks`, made by those ranks only (the first time) and then reused."""
-    key = (dist.group.WORLD, tuple(ranks))
-    if key not in _TWINS:
-        _TWINS[key] = dist.new_group(list(ranks), backend=dist.Backend.GLOO, use_local_synchronization=True)
-    return _TWINS[key]
+    return parallel_state.gloo_twin(dist.get_process_group_ranks(group))
 
 
 def broadcast_on_host(tensor: torch.Tensor, group, group_source: int = 0) -> torch.Tensor:

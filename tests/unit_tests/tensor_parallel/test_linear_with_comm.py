@@ -29,7 +29,7 @@ from torch.distributed import _symmetric_memory
 from megatron.core import parallel_state
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, comm_overlap
-from megatron.core.tensor_parallel.host_group import all_gather_ints_on_host, gloo_group
+from megatron.core.tensor_parallel.host_group import all_gather_ints_on_host
 from megatron.core.tensor_parallel.linear_with_comm import column_parallel_linear
 from megatron.core.transformer.init_methods import init_method_normal
 from tests.unit_tests.dist_utils import run_distributed
@@ -155,9 +155,12 @@ def _gloo_groups_of_their_own_ranks(rank: int) -> list[int]:
     if rank >= 2:
         time.sleep(1.0)
     pair = [0, 1] if rank < 2 else [2, 3]
-    group = gloo_group(pair)
-    assert gloo_group(pair) is group  # made once
-    return all_gather_ints_on_host(10 * rank, group)
+    group = parallel_state.gloo_twin(pair)
+    assert parallel_state.gloo_twin(pair) is group  # made once
+    values = all_gather_ints_on_host(10 * rank, group)
+    parallel_state.destroy_model_parallel()
+    assert not parallel_state._GLOO_TWINS  # freed with the other groups
+    return values
 
 
 def _all_checks(rank, world_size):
