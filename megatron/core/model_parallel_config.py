@@ -46,6 +46,10 @@ class ModelParallelConfig:
     sequence_parallel: bool = False
     """Split LayerNorm/dropout/residual activations along the sequence over the TP ranks (needs TP > 1)."""
 
+    tp_comm_overlap: bool = False
+    """Fuse the sequence-parallel all-gathers and reduce-scatters of the TP linears with their GEMMs
+    (`--tp-comm-overlap`; needs sequence_parallel): megatron/core/tensor_parallel/comm_overlap.py."""
+
     context_parallel_size: int = 1
     """Ranks the sequence is split over inside attention (CP)."""
 
@@ -141,6 +145,10 @@ class ModelParallelConfig:
             problems.append(
                 "sequence_parallel=True needs tensor_model_parallel_size > 1 (it splits activations over "
                 "the TP ranks); got tensor_model_parallel_size=1"
+            )
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            problems.append(
+                "tp_comm_overlap=True overlaps the sequence-parallel collectives and needs sequence_parallel=True"
             )
         if self.pipeline_model_parallel_size > 1 and self.pipeline_dtype is None:
             problems.append(

@@ -16,6 +16,7 @@ import numpy as np
 import torch.distributed as dist
 
 _GROUPS: dict = {}  # name -> (this rank's group, its global ranks)
+_GLOO_TWINS: dict = {}  # global ranks -> a gloo group of those ranks (tensor_parallel/host_group.py)
 _VIRTUAL_PIPELINE_RANK = None
 _VIRTUAL_PIPELINE_WORLD_SIZE = None
 _ORDER = None
@@ -171,10 +172,20 @@ def model_parallel_is_initialized() -> bool:
     return "tp" in _GROUPS
 
 
+def gloo_twin(ranks) -> "dist.ProcessGroup":
+    """A gloo group of the global `ranks`, made by those ranks only the first time (no other rank need take
+    part) and kept with the other groups until `destroy_model_parallel`, which frees its worker threads."""
+    key = tuple(ranks)
+    if key not in _GLOO_TWINS:
+        _GLOO_TWINS[key] = dist.new_group(list(key), backend="gloo", use_local_synchronization=True)
+    return _GLOO_TWINS[key]
+
+
 def destroy_model_parallel() -> None:
     """Forgets every group (the process-group objects are released with them)."""
     global _VIRTUAL_PIPELINE_RANK, _VIRTUAL_PIPELINE_WORLD_SIZE, _ORDER
     _GROUPS.clear()
+    _GLOO_TWINS.clear()
     _VIRTUAL_PIPELINE_RANK = None
     _VIRTUAL_PIPELINE_WORLD_SIZE = None
     _ORDER = None

@@ -4,19 +4,22 @@
 Every rank of a TP group computes on the same microbatch, so only TP rank 0 builds the datasets and
 reads them (`is_dataset_built_on_rank`); the other ranks hold no iterator and receive the tensors.
 
-Two broadcasts per microbatch, whatever the keys:
+Per microbatch, two broadcasts from TP rank 0:
 
-    header  int64 [1 + len(keys) * (2 + MAX_DIMS)]
+    header  int64 [1 + len(keys) * (2 + MAX_DIMS)], on the host, over the TP group's gloo twin
             [0]                        status: BATCH follows, EXHAUSTED iterator, or REFUSED batch
             per key: dtype code (-1 = absent), ndim, shape padded with zeros to MAX_DIMS
-    payload uint8 [sum of the tensors' byte sizes, each rounded up to ALIGNMENT]
-            the tensors' bytes back to back, viewed again as their dtype and shape on every rank
+    payload uint8 [sum of the tensors' byte sizes, each rounded up to ALIGNMENT], on the device
+            rank 0 copies each tensor into its slot (host-to-device copies, asynchronous from the data
+            loader's pinned memory); every rank then views the slots as the tensors
 
-The header makes the receivers independent of `--micro-batch-size`/`--seq-length` (a short last
-validation batch, an optional attention mask), and the status makes every rank stop together (an exhausted
-iterator raises StopIteration, a batch that cannot be sent a ValueError) instead of leaving TP ranks 1..
-waiting in a collective that never comes. Reading the header on the receivers is one device-to-host sync
-per microbatch (Megatron instead derives the shapes from the arguments).
+The header goes host to host (core/tensor_parallel/host_group.py): no rank reads a device value, so the
+host keeps queueing work ahead of the GPU, and the batch is never packed on the CPU. It still comes with
+every microbatch because only TP rank 0 can know what the next one is, and the rare cases need it: an
+exhausted iterator (every rank raises StopIteration instead of leaving TP ranks 1.. waiting in a
+collective that never comes), a short last validation batch (other shapes), a key the dataset did not
+produce (an absent attention mask), and a batch that cannot be sent (a ValueError on every rank).
+Megatron instead derives the shapes from --micro-batch-size/--seq-length and handles none of these.
 """
 
 from typing import Iterator, Optional, Sequence
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.core.tensor_parallel.host_group import broadcast_on_host
 
 GPT_BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 MAX_DIMS = 4  # the attention mask is [b, 1, s, s]
@@ -95,18 +99,8 @@ def _byte_size(dtype: torch.dtype, shape: tuple) -> int:
     return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
 
 
-def _pack(batch: dict, layout: dict) -> torch.Tensor:
-    """The payload: each present tensor's bytes, padded to ALIGNMENT, in key order (built on the CPU)."""
-    parts = []
-    for key, entry in layout.items():
-        if entry is None:
-            continue
-        data = batch[key].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        parts.append(torch.nn.functional.pad(data, (0, _aligned(data.numel()) - data.numel())))
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-
-
-def _unpack(payload: torch.Tensor, layout: dict) -> dict:
+def _slots(payload: torch.Tensor, layout: dict) -> dict:
+    """{key: the view of `payload` that holds that tensor, or None for an absent key}."""
     batch, offset = {}, 0
     for key, entry in layout.items():
         if entry is None:
@@ -130,10 +124,9 @@ def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS)
     header, problems = _encode_header(batch if is_source else None, keys)
     tensor_parallel = parallel_state.get_tensor_model_parallel_world_size() > 1
     if tensor_parallel:
-        group, source = parallel_state.get_tensor_model_parallel_group(), parallel_state.get_tensor_model_parallel_src_rank()
-        header = header.to(device)
-        dist.broadcast(header, source, group=group)
-    header = header.tolist()
+        group = parallel_state.get_tensor_model_parallel_group()
+        broadcast_on_host(header, group)
+    header = header.tolist()  # a CPU tensor: no device sync
     if header[0] == EXHAUSTED:
         raise StopIteration
     if header[0] == REFUSED:
@@ -141,13 +134,15 @@ def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS)
     layout = _decode_header(header, keys)
     if not tensor_parallel:
         return {key: None if entry is None else batch[key].to(device, non_blocking=True) for key, entry in layout.items()}
+    total = sum(_aligned(_byte_size(*entry)) for entry in layout.values() if entry is not None)
+    payload = torch.empty(total, dtype=torch.uint8, device=device)
+    received = _slots(payload, layout)
     if is_source:
-        payload = _pack(batch, layout).to(device, non_blocking=True)
-    else:
-        total = sum(_aligned(_byte_size(*entry)) for entry in layout.values() if entry is not None)
-        payload = torch.empty(total, dtype=torch.uint8, device=device)
-    dist.broadcast(payload, source, group=group)
-    return _unpack(payload, layout)
+        for key, slot in received.items():
+            if slot is not None:
+                slot.copy_(batch[key], non_blocking=True)
+    dist.broadcast(payload, group=group, group_src=0)
+    return received
 
 
 def get_batch_on_this_tp_rank(data_iterator: Optional[Iterator], keys: Sequence[str] = GPT_BATCH_KEYS) -> dict:

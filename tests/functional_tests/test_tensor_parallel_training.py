@@ -4,7 +4,8 @@ Mock data, 2 layers, hidden 64, sequence 64, dropout 0 and `--use-cpu-initializa
 weights at every TP size; a vocabulary of 500 pads to 512 at TP 1, 2 and 4). A GPT-2-like model
 (LayerNorm, biases, tied embeddings, learned positions) at TP=2 with sequence parallelism x DP=2 (4
 processes), and a Llama-like one (GQA with 2 key/value groups, SwiGLU, RoPE, RMSNorm, untied embeddings,
-no biases) at TP=4, each against its TP=1 run; then save/resume and a TP mismatch at TP=2 +SP. Each
+no biases) at TP=4 with sequence parallelism and --tp-comm-overlap (its chunked, CPU implementation), each
+against its TP=1 run; then save/resume and a TP mismatch at TP=2 +SP. Each
 process pays seconds of start-up on a 2-core CI machine, hence one 4-process run covers TP x SP x DP.
 
 Tolerance: the TensorBoard `lm loss` and `grad-norm` of every iteration equal TP=1's within 2e-5
@@ -74,7 +75,8 @@ def gpt_runs(tmp_path_factory):
 def llama_runs(tmp_path_factory):
     return {
         "TP=1": _train(tmp_path_factory, "llama_tp1", 1, LLAMA),
-        "TP=4": _train(tmp_path_factory, "llama_tp4", 4, LLAMA + ["--tensor-model-parallel-size", "4"]),
+        "TP=4 +SP +overlap": _train(tmp_path_factory, "llama_tp4", 4, LLAMA + [
+            "--tensor-model-parallel-size", "4", "--sequence-parallel", "--tp-comm-overlap"]),
     }
 
 
@@ -92,7 +94,7 @@ def test_gpt2_like_model_at_tp2_with_sp_times_dp2_matches_tp1(gpt_runs):
     _assert_same_curves(gpt_runs)
 
 
-def test_llama_like_model_at_tp4_with_fewer_kv_groups_than_ranks_matches_tp1(llama_runs):
+def test_llama_like_model_at_tp4_with_overlap_and_fewer_kv_groups_than_ranks_matches_tp1(llama_runs):
     _assert_same_curves(llama_runs)
 
 

@@ -53,12 +53,12 @@ def long_sequence(length: int) -> list[str]:
 
 
 def train(gpus: int, args: list[str], out_of_memory_ok: bool = False, timeout: int = 900,
-          base: list[str] = MOCK) -> str | None:
-    """The console output of one `pretrain_gpt.py` run with `base` + `args` flags; None when it ran out of GPU
-    memory and `out_of_memory_ok`. A run still going after `timeout` seconds is killed with its workers and
-    raises subprocess.TimeoutExpired."""
+          base: list[str] = MOCK, environment: dict | None = None) -> str | None:
+    """The console output of one `pretrain_gpt.py` run with `base` + `args` flags (and `environment` added to
+    this process's); None when it ran out of GPU memory and `out_of_memory_ok`. A run still going after
+    `timeout` seconds is killed with its workers and raises subprocess.TimeoutExpired."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
-    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1", **(environment or {}))
     process = subprocess.Popen(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *base, *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     # Progress on stderr, so a run cut short by a time limit still shows what finished.

@@ -132,7 +132,7 @@ def finalize_model_grads(model: List[torch.nn.Module], num_tokens: Optional[torc
             group=parallel_state.get_pipeline_model_parallel_group(),
         )
         dist.all_reduce(num_tokens, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-        if num_tokens.item() > 0:
-            scaling = 1.0 / num_tokens.item()
-            for chunk in model:
-                chunk.scale_gradients(scaling)
+        # On the device (no host read): a step without loss tokens keeps its gradients as they are.
+        scaling = 1.0 / num_tokens.clamp(min=1)
+        for chunk in model:
+            chunk.scale_gradients(scaling)

@@ -14,17 +14,20 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.mappings import all_gather_single
+from megatron.core.tensor_parallel.host_group import all_gather_ints_on_host
 
 
-def vocab_start_and_size(local_vocab: int, device, group, world_size: int):
-    """This rank's first vocabulary id (as a tensor) and the full vocabulary size V."""
+def vocab_start_and_size(local_vocab: int, device, group, world_size: int) -> tuple[int, int]:
+    """This rank's first vocabulary id and the full vocabulary size V, as Python ints.
+
+    The shards may be uneven (partition.py), so the ranks tell each other their sizes; they do so over
+    the group's gloo twin (host_group.py), host to host, so that no device value is read back on the
+    host once per microbatch. `device` is not used (callers pass the logits' device).
+    """
     if world_size == 1:
-        return torch.zeros((), dtype=torch.long, device=device), local_vocab
-    sizes = torch.empty(world_size, dtype=torch.long, device=device)
-    all_gather_single(sizes, torch.tensor([local_vocab], dtype=torch.long, device=device), group=group)
-    rank = dist.get_rank(group)
-    return sizes[:rank].sum(), int(sizes.sum())
+        return 0, local_vocab
+    sizes = all_gather_ints_on_host(local_vocab, group)
+    return sum(sizes[: dist.get_rank(group)]), sum(sizes)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

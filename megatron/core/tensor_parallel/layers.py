@@ -9,6 +9,10 @@ At TP = 1 they are plain `nn.Linear` / `nn.Embedding` that return `(output, bias
 (weights are stored transposed, as in `nn.Linear`: [out, in]). With `use_cpu_initialization` each rank
 draws the whole master weight with the CPU generator and keeps its slice, so the model does not depend
 on p; otherwise each rank draws its own shard from the `model-parallel-rng` stream on the device.
+
+At TP > 1 (bf16/fp32 GEMMs) the linears' GEMMs and collectives run in the autograd Functions of
+linear_with_comm.py: the backward collectives run during the other GEMM, and with `tp_comm_overlap` the
+sequence-parallel ones are fused with the GEMMs that produce or consume them.
 """
 
 import torch
@@ -18,8 +22,9 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.fp8.linear import fp8_linear
 from megatron.core.fp8.scaling import load_fp8_extra_state, save_fp8_extra_state
-from megatron.core.fusions.fused_weight_gradient import linear_with_grad_accumulation
+from megatron.core.fusions.fused_weight_gradient import can_accumulate_in_main_grad, linear_with_grad_accumulation
 from megatron.core.model_parallel_config import ModelParallelConfig, reject_unsupported
+from megatron.core.tensor_parallel.linear_with_comm import column_parallel_linear, row_parallel_linear_reduce_scatter
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -125,6 +130,20 @@ def _local_gemm(layer: torch.nn.Module, input_: torch.Tensor, weight: torch.Tens
     return F.linear(input_, weight, bias)
 
 
+def _communicating_gemm(layer: torch.nn.Module, input_: torch.Tensor) -> dict | None:
+    """The arguments of linear_with_comm.py's GEMMs for `layer` at TP > 1, or None where the layer keeps
+    the separate collective and GEMM (TP = 1, FP8 GEMMs, autocast)."""
+    if layer.tp_world_size == 1 or layer.fp8 is not None or torch.is_autocast_enabled(input_.device.type):
+        return None
+    group = layer.tp_group if layer.tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+    return dict(group=group, rank=layer.tp_rank, world_size=layer.tp_world_size, overlap=layer.config.tp_comm_overlap)
+
+
+def _accumulates(layer: torch.nn.Module, weight: torch.Tensor) -> bool:
+    """Whether `weight`'s gradient goes into its fp32 main_grad (gradient-accumulation fusion)."""
+    return layer.config.gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
+
+
 def _zero_bias(size: int, config: ModelParallelConfig) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype, device=parameter_device(config)))
 
@@ -174,6 +193,7 @@ class ColumnParallelLinear(torch.nn.Module):
         self.config, self.tp_group = config, tp_group
         self.sequence_parallel = config.sequence_parallel
         rank, world_size = _tp_rank_and_size(tp_group)
+        self.tp_rank, self.tp_world_size = rank, world_size
         _check_last_rank_not_empty(output_size, world_size, "ColumnParallelLinear output_size")
         self.output_size_per_partition = partition_size(output_size, rank, world_size)
 
@@ -204,15 +224,23 @@ class ColumnParallelLinear(torch.nn.Module):
                 f"ColumnParallelLinear: weight of shape {tuple(weight.shape)} passed, expected "
                 f"{(self.output_size_per_partition, self.input_size)}"
             )
-        if self.sequence_parallel:
-            input_parallel = gather_from_sequence_parallel_region(input_, group=self.tp_group)
-        else:
-            input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
         bias = None if self.skip_bias_add else self.bias
-        if weight is self.weight:  # not a tied, passed-in weight
-            output = _local_gemm(self, input_parallel, weight, bias)
+        communication = _communicating_gemm(self, input_)
+        own_weight = weight is self.weight  # not a tied, passed-in weight
+        if communication is not None:
+            output = column_parallel_linear(
+                input_, weight, bias, **communication, sequence_parallel=self.sequence_parallel,
+                accumulate=own_weight and _accumulates(self, weight),
+            )
         else:
-            output = F.linear(input_parallel, weight, bias)
+            if self.sequence_parallel:
+                input_parallel = gather_from_sequence_parallel_region(input_, group=self.tp_group)
+            else:
+                input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
+            if own_weight:
+                output = _local_gemm(self, input_parallel, weight, bias)
+            else:
+                output = F.linear(input_parallel, weight, bias)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if gather:
             output = gather_from_tensor_model_parallel_region(output, self.output_size, group=self.tp_group)
@@ -252,7 +280,7 @@ class RowParallelLinear(torch.nn.Module):
         self.config, self.tp_group = config, tp_group
         self.sequence_parallel = config.sequence_parallel
         rank, world_size = _tp_rank_and_size(tp_group)
-        self.tp_world_size = world_size
+        self.tp_rank, self.tp_world_size = rank, world_size
         _check_last_rank_not_empty(input_size, world_size, "RowParallelLinear input_size")
         self.input_size_per_partition = partition_size(input_size, rank, world_size)
         self.weight = _empty_weight(output_size, self.input_size_per_partition, config)
@@ -275,11 +303,17 @@ class RowParallelLinear(torch.nn.Module):
             input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
         # At TP = 1 the bias can go into the GEMM; otherwise it must be added once, after the reduction.
         fuse_bias = self.tp_world_size == 1 and not self.skip_bias_add
-        output = _local_gemm(self, input_parallel, self.weight, self.bias if fuse_bias else None)
-        if self.sequence_parallel:
-            output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
+        communication = _communicating_gemm(self, input_parallel) if self.sequence_parallel else None
+        if communication is not None:
+            output = row_parallel_linear_reduce_scatter(
+                input_parallel, self.weight, **communication, accumulate=_accumulates(self, self.weight)
+            )
         else:
-            output = reduce_from_tensor_model_parallel_region(output, group=self.tp_group)
+            output = _local_gemm(self, input_parallel, self.weight, self.bias if fuse_bias else None)
+            if self.sequence_parallel:
+                output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
+            else:
+                output = reduce_from_tensor_model_parallel_region(output, group=self.tp_group)
         if self.skip_bias_add:
             return output, self.bias
         if self.bias is not None and not fuse_bias:

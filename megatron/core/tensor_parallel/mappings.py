@@ -86,7 +86,8 @@ def _reduce_scatter_along_last_dim(input_: torch.Tensor, group=None) -> torch.Te
     return output
 
 
-def _check_sequence_split(input_: torch.Tensor, world_size: int) -> None:
+def check_sequence_split(input_: torch.Tensor, world_size: int) -> None:
+    """Raises unless the sequence (dim 0) of `input_` splits evenly over `world_size` TP ranks."""
     if input_.size(0) % world_size:
         raise ValueError(
             f"sequence parallelism splits the sequence over {world_size} TP ranks, but the sequence length "
@@ -98,7 +99,7 @@ def _split_along_first_dim(input_: torch.Tensor, group=None) -> torch.Tensor:
     group, world_size = _tp_group_and_size(group)
     if world_size == 1:
         return input_
-    _check_sequence_split(input_, world_size)
+    check_sequence_split(input_, world_size)
     local = input_.size(0) // world_size
     rank = dist.get_rank(group)
     return input_[rank * local : (rank + 1) * local].contiguous()
@@ -117,7 +118,7 @@ def _reduce_scatter_along_first_dim(input_: torch.Tensor, group=None) -> torch.T
     group, world_size = _tp_group_and_size(group)
     if world_size == 1:
         return input_
-    _check_sequence_split(input_, world_size)
+    check_sequence_split(input_, world_size)
     output = torch.empty(
         (input_.size(0) // world_size,) + input_.shape[1:], dtype=input_.dtype, device=input_.device
     )

@@ -26,8 +26,6 @@ UNSUPPORTED = (
                                                     "--decoder-first/last-pipeline-num-layers for uneven stages"),
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
-    Unsupported("--tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not supported yet "
-                                     "(Megatron does it with Transformer Engine userbuffers)"),
     Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
     Unsupported("--use-megatron-fsdp", "FSDP is not supported yet"),
     Unsupported("--fp8-recipe", "is not supported yet; use delayed or tensorwise", ("mxfp8", "blockwise", "custom")),

@@ -66,6 +66,9 @@ def derive_parallel_sizes(args: argparse.Namespace, problems: list) -> None:
         args.sequence_parallel = False
     if args.tp_comm_overlap and not args.sequence_parallel:
         problems.append("--tp-comm-overlap needs --sequence-parallel (with --tensor-model-parallel-size > 1)")
+    if args.tp_comm_overlap and args.fp8 is not None:
+        problems.append(f"--tp-comm-overlap: not supported yet with --fp8-format {args.fp8} (the FP8 GEMMs keep their "
+                        "sequence-parallel collectives apart); drop one of the two flags")
     if args.overlap_param_gather:
         if not (args.use_distributed_optimizer or args.use_megatron_fsdp):
             problems.append("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")

@@ -1,4 +1,6 @@
-"""Microbatches read on TP rank 0 reach every rank of its TP group unchanged (`get_batch_on_this_tp_rank`)."""
+"""Microbatches read on TP rank 0 reach every rank of its TP group unchanged (`get_batch_on_this_tp_rank`):
+several batches, a short last one, a missing key, a non-contiguous tensor, an exhausted iterator (every rank
+stops) and a batch that cannot be sent (every rank fails)."""
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ def _gpt_batch(seed: int, batch: int = 2, seq: int = 8) -> dict:
         "labels": tokens[:, 1:].clone(),
         "loss_mask": (torch.rand(batch, seq, generator=generator) > 0.2).float(),
         "attention_mask": torch.rand(batch, 1, seq, seq, generator=generator) > 0.5,
-        "position_ids": torch.arange(seq).repeat(batch, 1),
+        "position_ids": torch.arange(seq).expand(batch, seq),  # a view, as a dataset may hand it over
     }
 
 

@@ -1,0 +1,139 @@
+"""--tp-comm-overlap on GPUs: the sequence-parallel MLP of the GPT 1.3B, equality and time per implementation.
+
+    python tools/bench/tp_overlap_check.py          # launches itself on 2 GPUs (torchrun), ~30 s
+                                                    # (without GPUs: 2 CPU processes, gloo, tiny timing shape)
+
+ColumnParallelLinear (fc1, h -> 4h) -> GELU -> RowParallelLinear (fc2, 4h -> h), sequence parallel, TP=2:
+
+1. Equality, fp32, seq 256, micro batch 2, h 256: the output and all gradients of
+       plain               all-gather / reduce-scatter beside the GEMMs (the backward ones overlapped)
+       symmetric_memory    --tp-comm-overlap through torch.ops.symm_mem (when the GPUs allow it)
+       chunked             --tp-comm-overlap through async NCCL collectives and p2p partial sums
+   against plain's (max abs difference; the GEMMs are split by rows, so ~1e-6 is expected).
+2. Time, bf16, the 1.3B shape (seq 2048, micro batch 4, h 2048): forward + backward of the MLP, median of
+   20 after 5 warm-up, per implementation, and the same local GEMMs with no communication (the floor: what
+   TP would cost if communication were free). Efficiency = floor / time.
+
+The implementations run on separate TP groups of the same two ranks: the overlap implementation is chosen
+once per group (comm_overlap.py), and MEGATRON_TP_COMM_OVERLAP_IMPL=chunked makes the second group's chunked.
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, comm_overlap  # noqa: E402
+from megatron.core.transformer.init_methods import init_method_normal  # noqa: E402
+
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def mlp(group, overlap: bool, hidden: int, dtype: torch.dtype):
+    config = ModelParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, tp_comm_overlap=overlap,
+                                 params_dtype=dtype, use_cpu_initialization=True)
+    init = init_method_normal(0.02)
+    torch.manual_seed(0)  # the same master weights (use_cpu_initialization) for every implementation
+    fc1 = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=init, bias=True, tp_group=group)
+    fc2 = RowParallelLinear(4 * hidden, hidden, config=config, init_method=init, bias=True, tp_group=group)
+    return fc1.to(DEVICE), fc2.to(DEVICE)
+
+
+def step(layers, x, grad):
+    fc1, fc2 = layers
+    output, _ = fc2(F.gelu(fc1(x)[0]))
+    output.backward(grad)
+    return output
+
+
+def median_ms(function, warmup: int = 5, repeats: int = 20) -> float:
+    times = []
+    for index in range(warmup + repeats):
+        if CUDA:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            torch.cuda.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            began = time.perf_counter()
+            function()
+            elapsed = (time.perf_counter() - began) * 1e3
+        if index >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def floor_ms(sequence: int, batch: int, hidden: int, dtype) -> float:
+    """The MLP's local GEMMs at TP=2 (the whole sequence, half the columns), no communication."""
+    x = torch.randn(sequence, batch, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    w1 = torch.randn(2 * hidden, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    w2 = torch.randn(hidden, 2 * hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    grad = torch.randn(sequence, batch, hidden, device=DEVICE, dtype=dtype)
+    return median_ms(lambda: F.linear(F.gelu(F.linear(x, w1)), w2).backward(grad))
+
+
+def main() -> None:
+    rank = int(os.environ["RANK"])
+    if CUDA:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    else:
+        dist.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    groups = {"plain": parallel_state.get_tensor_model_parallel_group(),
+              "symmetric_memory": parallel_state.get_tensor_model_parallel_group()}
+    os.environ[comm_overlap.IMPLEMENTATION_VARIABLE] = comm_overlap.CHUNKED
+    groups["chunked"] = dist.new_group([0, 1])
+    comm_overlap.implementation(groups["chunked"], torch.device(DEVICE))
+    del os.environ[comm_overlap.IMPLEMENTATION_VARIABLE]
+    symmetric = comm_overlap.implementation(groups["symmetric_memory"], torch.device(DEVICE))
+    names = ["plain", "chunked"] + (["symmetric_memory"] if symmetric == comm_overlap.SYMMETRIC_MEMORY else [])
+    lines = [f"symmetric memory for the TP group: {symmetric == comm_overlap.SYMMETRIC_MEMORY}"]
+
+    generator = torch.Generator().manual_seed(0)
+    x_full = torch.randn(256, 2, 256, generator=generator)
+    grad_full = torch.randn(256, 2, 256, generator=generator)
+    outcomes = {}
+    for name in names:
+        layers = mlp(groups[name], name != "plain", 256, torch.float32)
+        x = x_full.chunk(2)[rank].to(DEVICE).requires_grad_(True)
+        output = step(layers, x, grad_full.chunk(2)[rank].to(DEVICE))
+        outcomes[name] = [output.detach(), x.grad] + [p.grad for layer in layers for p in layer.parameters()]
+    for name in names[1:]:
+        worst = max((a - b).abs().max().item() for a, b in zip(outcomes[name], outcomes["plain"]))
+        lines.append(f"fp32 {name} vs plain: max abs difference {worst:.2e}")
+
+    sequence, batch, hidden = (2048, 4, 2048) if CUDA else (64, 2, 64)
+    floor = floor_ms(sequence, batch, hidden, torch.bfloat16)
+    lines.append(f"bf16 MLP h {hidden} fwd+bwd, seq {sequence} x mbs {batch}: local GEMMs alone {floor:.2f} ms")
+    for name in names:
+        layers = mlp(groups[name], name != "plain", hidden, torch.bfloat16)
+        x = torch.randn(sequence // 2, batch, hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        grad = torch.randn(sequence // 2, batch, hidden, device=DEVICE, dtype=torch.bfloat16)
+        ms = median_ms(lambda: step(layers, x, grad))
+        lines.append(f"  {name:<17} {ms:7.2f} ms   {100 * floor / ms:5.1f}% of the GEMM-only time")
+    if rank == 0:
+        print("\n".join(lines), flush=True)
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if "LOCAL_RANK" in os.environ:
+        main()
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__]
+        sys.exit(subprocess.run(command, env=dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1")).returncode)
