@@ -10,9 +10,9 @@ Megatron-Core's DDP and optimizer, then saves a checkpoint, loads it into a fres
 checks that the two models are equal. GPUs use NCCL; a machine without CUDA runs on the CPU with gloo.
 
 Checkpoint format: Megatron's example saves with `dist_checkpointing` (sharded, loadable at another TP
-size); that format comes with the checkpoint-tools issue. Until then each tensor-parallel rank saves its
-own shard of the state dict with torch.save, `<checkpoint-dir>/tp_rank_00.pt`, `tp_rank_01.pt`, ...,
-written to a temporary file and renamed so that a crash never leaves a truncated file.
+size); this one uses plain torch.save instead: each tensor-parallel rank saves its own shard of the state
+dict, `<checkpoint-dir>/tp_rank_00.pt`, `tp_rank_01.pt`, ..., written to a temporary file and renamed so
+that a crash never leaves a truncated file.
 """
 
 import argparse

@@ -4,7 +4,7 @@ Versions of Python, torch, CUDA, NCCL and Triton; the GPUs; which optional packa
 up in the package metadata); the kernels a run will use for attention (flash-attn, or the SDPA kernels torch
 has enabled), norms (apex or torch) and the optimizer step, and whether Transformer Engine is there (each
 found by its extension's guarded import, megatron/core/extensions/, so a broken install is reported, never
-raised); and the environment variables that change how distributed runs behave (user-pain-points D3, D6).
+raised); and the environment variables that change how distributed runs behave.
 """
 
 import importlib.metadata

@@ -1,8 +1,8 @@
 """The training layer: arguments, `pretrain()`, checkpoints, tokenizers, logging.
 
 Kept import-light on purpose: `tools/preprocess_data.py` imports `megatron.training.tokenizer`, which must
-work without torch (user-pain-points A2). The names Megatron-LM exports here (`get_args`, `pretrain`,
-`print_rank_0`, ...) are resolved on first use.
+work without torch (Megatron-LM's own chain from there imports Transformer Engine: NVIDIA/Megatron-LM#1476).
+The names Megatron-LM exports here (`get_args`, `pretrain`, `print_rank_0`, ...) are resolved on first use.
 """
 
 _LAZY = {

@@ -1,8 +1,9 @@
 """Train/valid/test data iterators for `pretrain()` (Megatron's `build_train_valid_test_data_iterators`).
 
-Dataset sizes (megatron-compat.md 3.3): train = `--train-samples` or iterations x global batch; valid =
-(train_iters // eval_interval + 1) x eval_iters x global batch; test = eval_iters x global batch. Loaders
-start at the consumed-sample counters, so a resumed run continues the exact sample order.
+Dataset sizes (Megatron-LM's `get_train_valid_test_num_samples`): train = `--train-samples` or iterations
+x global batch; valid = (train_iters // eval_interval + 1) x eval_iters x global batch; test = eval_iters x
+global batch. Loaders start at the consumed-sample counters, so a resumed run continues the exact sample
+order.
 """
 
 import itertools

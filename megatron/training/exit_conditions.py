@@ -1,4 +1,4 @@
-"""When to save and stop, checked after every iteration in Megatron's order (megatron-compat.md 6.5):
+"""When to save and stop, checked after every iteration in Megatron-LM's order (`checkpoint_and_decide_exit`):
 
 1. `--exit-signal-handler`: the signal (`--exit-signal`, SIGTERM by default) reached any rank -> save, exit;
 2. `--save-interval`: save;

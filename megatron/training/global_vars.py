@@ -1,7 +1,7 @@
 """Process-wide objects of a training run, with Megatron-LM's accessor names.
 
 Only the training layer (and entry scripts written against Megatron-LM) use these; `megatron.core` is
-configured by dataclasses and never reads them (DESIGN.md).
+configured by dataclasses and never reads them (megatron/core never imports megatron/training).
 """
 
 _ARGS = None

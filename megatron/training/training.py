@@ -1,4 +1,4 @@
-"""`pretrain()`: Megatron-LM's training loop (megatron-compat.md 6), with its classic signature.
+"""`pretrain()`: Megatron-LM's training loop (its megatron/training/training.py), with its classic signature.
 
     pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func, ...)
 

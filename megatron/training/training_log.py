@@ -1,7 +1,7 @@
-"""The per-interval console line and TensorBoard scalars (megatron-compat.md 6.4), plus throughput.
+"""The per-interval console line and TensorBoard scalars (Megatron-LM's `training_log`), plus throughput.
 
 Megatron's line, field for field, with what users of torchtitan and litgpt expect added after the
-elapsed time: tokens/s per GPU, TFLOP/s per GPU, and MFU against a stated dense bf16 peak (STYLE.md 9).
+elapsed time: tokens/s per GPU, TFLOP/s per GPU, and MFU against a stated dense bf16 peak (docs/benchmarks.md).
 """
 
 import math

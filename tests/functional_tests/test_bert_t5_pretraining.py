@@ -183,7 +183,7 @@ def _flags(words: list[str]) -> dict:
 
 
 def test_example_scripts_pass_megatrons_recipes(tmp_path):
-    """megatron-compat.md 10: the BERT-Large and T5-Base recipes of Megatron-LM's example scripts."""
+    """The BERT-Large and T5-Base recipes of Megatron-LM's example scripts."""
     bert = _flags(_launched_arguments("examples/bert/train_bert_340m_distributed.sh", tmp_path / "bert"))
     expected = {"--num-layers": "24", "--hidden-size": "1024", "--num-attention-heads": "16", "--seq-length": "512",
                 "--micro-batch-size": "4", "--global-batch-size": "32", "--train-iters": "1000000",

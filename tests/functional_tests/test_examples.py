@@ -1,4 +1,4 @@
-"""Every example runs as a user starts it (user-pain-points A16: examples must not rot).
+"""Every example runs as a user starts it (examples must not rot).
 
 The shell scripts run under torchrun on the CPU with mock data and tiny overrides for 2 iterations; the
 175B script, which needs TP 8 x PP 16, goes through the real argument parser with a faked world of 128

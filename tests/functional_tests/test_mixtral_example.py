@@ -41,8 +41,7 @@ def _losses(output: str, name: str) -> dict:
 
 def test_mixtral_script_trains_and_resumes_exactly_with_expert_parallelism_on_two_cpu_ranks(tmp_path):
     """EP = 2 with the distributed optimizer under torchrun: router losses on the console line and in
-    TensorBoard, and 2 + 2 iterations through a torch_dist checkpoint equal 4 straight ones
-    (user-pain-points 21)."""
+    TensorBoard, and 2 + 2 iterations through a torch_dist checkpoint equal 4 straight ones."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     straight.mkdir(), split.mkdir()
     command = ["bash", os.path.join(ROOT, SCRIPT), "ckpt", "tb", "MOCK", "MOCK", *TINY_MIXTRAL]

@@ -1,4 +1,4 @@
-"""Microbatch calculator: constant and ramp-up arithmetic (reference/megatron-compat.md 6.6) and its errors."""
+"""Microbatch calculator: constant and ramp-up arithmetic (Megatron's `--rampup-batch-size`) and its errors."""
 
 import pytest
 import torch.distributed as dist

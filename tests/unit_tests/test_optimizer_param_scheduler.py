@@ -1,4 +1,4 @@
-"""OptimizerParamScheduler against the closed-form schedules of reference/megatron-compat.md section 6.3."""
+"""OptimizerParamScheduler against the closed-form schedules of Megatron-LM's `get_lr`."""
 
 import math
 

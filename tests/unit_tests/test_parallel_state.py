@@ -1,4 +1,4 @@
-"""Rank layout of parallel_state against the reference table (megatron-compat.md 9.1)."""
+"""Rank layout of parallel_state against the groups Megatron-LM's `RankGenerator` computes."""
 
 import pytest
 

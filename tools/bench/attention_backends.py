@@ -1,4 +1,4 @@
-"""Causal attention forward + backward through each SDPA backend, at the PERF.md shapes (one GPU).
+"""Causal attention forward + backward through each SDPA backend, at the benchmark models' shapes (one GPU).
 
     python tools/bench/attention_backends.py
 

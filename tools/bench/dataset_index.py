@@ -1,4 +1,4 @@
-"""Benchmark of the dataset index builders (PERF.md target: the GPT sample index of 10^9 tokens < 10 s).
+"""Benchmark of the dataset index builders, up to the GPT sample index of 10^9 tokens.
 
     python tools/bench/dataset_index.py            # 10^9 tokens, blends up to 10^8 samples
     python tools/bench/dataset_index.py --quick    # 10^8 tokens, blends up to 10^7 samples

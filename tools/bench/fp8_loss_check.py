@@ -2,7 +2,7 @@
 losses must stay within 1% of bf16's. One GPU of compute capability 8.9+ (H100/H200).
 
     python tools/bench/fp8_loss_check.py                         # small Llama-style model, 200 steps, ~3 min
-    python tools/bench/fp8_loss_check.py --model llama-3.6b      # the PERF.md 3.6B shape (global batch 2)
+    python tools/bench/fp8_loss_check.py --model llama-3.6b      # the benchmark 3.6B shape (global batch 2)
     python tools/bench/fp8_loss_check.py --variants "bf16=;fp8=--fp8-format hybrid;e4m3=--fp8-format e4m3"
 
 Data, built once under --workdir: the quick start's pipeline (tools/build_stdlib_corpus.py, a GPT-2-style

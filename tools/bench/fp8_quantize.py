@@ -1,6 +1,6 @@
 """FP8 quantization on one GPU: the Inductor-generated kernels (megatron/core/fp8/quantize.py through
 torch.compile, the path before triton_quantize.py) against the hand-written Triton kernel, and one FP8
-linear's forward + backward against bf16's `F.linear`, at the GEMM shapes of the PERF.md models.
+linear's forward + backward against bf16's `F.linear`, at the GEMM shapes of the benchmark models.
 
     python tools/bench/fp8_quantize.py              # GPT 1.3B and Llama-style 3.6B (meant to take < 2 min)
     python tools/bench/fp8_quantize.py --sweep      # also the Triton kernel's time per tile shape

@@ -3,7 +3,7 @@ model params (the path before fusions/fused_adamw.py) against the Triton kernel 
 
     python tools/bench/optimizer_step.py                   # GPT 1.3B and Llama-style 3.6B parameter shapes
 
-The parameters have the shapes of the PERF.md models (per layer: QKV, projection, MLP, norms; embeddings,
+The parameters have the shapes of the benchmark models (per layer: QKV, projection, MLP, norms; embeddings,
 output layer), fp32 main params and gradients, bf16 model params, AdamW with two param groups (decay, no
 decay) and a gradient-clipping scale, as in training. Reported: milliseconds per step (median of 20) and
 the effective bandwidth over the bytes each path must move (torch: 28 + 6 bytes per param in two passes;

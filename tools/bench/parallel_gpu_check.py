@@ -8,7 +8,7 @@
    not bitwise reproducible across layouts). Layer weights are drawn per stage, so a pipeline run does not
    start from one GPU's initial weights: the PP rows and their one-GPU reference all resume from one
    `torch_dist` checkpoint written by one GPU after its first iteration (resharded on load).
-2. Throughput, bf16, the PERF.md GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
+2. Throughput, bf16, the benchmark GPT 1.3B shape: one GPU, DP=2 (distributed optimizer, overlaps) and TP=2
    (sequence parallel), tokens/s per GPU and peak memory from the console lines (`--skip-throughput`
    leaves it out).
 3. Long sequence, bf16, the 1.3B shape with RoPE at micro-batch 1, 3 iterations a run: the sequence length

@@ -4,12 +4,12 @@
         --vocab-file data/quickstart/tokenizer/vocab.json --merge-file data/quickstart/tokenizer/merges.txt \\
         --workers 2
 
-The baseline reproduces Megatron-LM's `tools/preprocess_data.py` design as the reference describes it
-(megatron-compat.md 2.3): each pool worker runs the pure-Python GPT-2 BPE of Megatron's
-`gpt2_tokenization.py` (regex pre-split, byte-to-unicode map, greedy lowest-rank merges, a per-worker
-cache), the parent feeds lines with `pool.imap(encode, lines, 32)` and is the single writer, one
-`add_item` + `end_document` per document. Both runs must produce byte-identical files (checked), so the
-comparison is like for like. Prints one table; speed claims come from here, not from tests.
+The baseline reproduces Megatron-LM's `tools/preprocess_data.py` design (its `Encoder` and `main`): each
+pool worker runs the pure-Python GPT-2 BPE of Megatron's `gpt2_tokenization.py` (regex pre-split,
+byte-to-unicode map, greedy lowest-rank merges, a per-worker cache), the parent feeds lines with
+`pool.imap(encode, lines, 32)` and is the single writer, one `add_item` + `end_document` per document. Both
+runs must produce byte-identical files (checked), so the comparison is like for like. Prints one table;
+speed claims come from here, not from tests.
 """
 
 import argparse

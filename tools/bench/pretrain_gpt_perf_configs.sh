@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the PERF.md GPT configurations with pretrain_gpt.py on mock data (bf16, one GPU) and print the
+# Train the benchmark GPT configurations with pretrain_gpt.py on mock data (bf16, one GPU) and print the
 # last console line of each: tokens/s/GPU, TFLOP/s/GPU, MFU, then the peak memory line.
 #   bash tools/bench/pretrain_gpt_perf_configs.sh [ITERS]
 set -euo pipefail

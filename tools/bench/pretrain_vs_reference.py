@@ -1,6 +1,6 @@
 """The number users see: `pretrain_gpt.py`'s console tokens/s/GPU next to a plain PyTorch reference, one GPU.
 
-    python tools/bench/pretrain_vs_reference.py                                  # the PERF.md shapes
+    python tools/bench/pretrain_vs_reference.py                                  # the three benchmark models
     python tools/bench/pretrain_vs_reference.py --configs gpt2-small --variants "default=;compiled=--use-torch-compile"
     python tools/bench/pretrain_vs_reference.py --configs gpt-1.3b --profile    # + where each step's time goes
 

@@ -1,8 +1,8 @@
 """A plain PyTorch GPT (nanoGPT / litgpt style) that the throughput benchmark times next to ours.
 
-It is the yardstick of `../shared/PERF.md`: the same shape as the Megatron model (pre-norm, fused QKV,
-SDPA causal attention, GELU MLP or SwiGLU, LayerNorm or RMSNorm, learned positions or RoPE, tied or
-untied output), trained with fp32 parameters under bf16 autocast, fused AdamW and `torch.compile`.
+It is the yardstick of the speed comparisons (docs/benchmarks.md): the same shape as the Megatron model
+(pre-norm, fused QKV, SDPA causal attention, GELU MLP or SwiGLU, LayerNorm or RMSNorm, learned positions or
+RoPE, tied or untied output), trained with fp32 parameters under bf16 autocast, fused AdamW and `torch.compile`.
 Nothing of megatron is imported, so it measures what PyTorch alone gives for the shape.
 """
 

@@ -1,6 +1,6 @@
 """Training throughput on one GPU: our GPT next to a plain PyTorch reference of the same shape.
 
-    python tools/bench/throughput.py                          # every PERF.md configuration
+    python tools/bench/throughput.py                          # every configuration of CONFIGS
     python tools/bench/throughput.py --configs gpt2-small --steps 40 --profile-dir /tmp/prof
     python tools/bench/throughput.py --variants "eager=;compiled=--use-torch-compile"   # our flag variants
 
@@ -13,7 +13,7 @@ noise cancels in the ratio):
   `torch.compile`, gradient clipping at 1.0 like ours.
 
 Tokens/s is the median over windows of `--window` steps after `--warmup` steps (compilation included in
-the warm-up). TFLOP/s uses Megatron's formula (PERF.md, `num_floating_point_operations`, causal
+the warm-up). TFLOP/s uses Megatron's formula (docs/benchmarks.md, `num_floating_point_operations`, causal
 attention): B*s*[12*L*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]; MFU = TFLOP/s / 989 (H100/H200 dense
 bf16 peak). Memory is `torch.cuda.max_memory_allocated` over the whole run of that model.
 """
@@ -46,7 +46,7 @@ GPT = "--vocab-size 50304 --position-embedding-type learned_absolute"
 LLAMA = ("--vocab-size 128256 --group-query-attention --num-query-groups 8 --ffn-hidden-size 8192 --swiglu "
          "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights "
          "--disable-bias-linear")
-# name: (megatron flags, reference shape); the PERF.md rows.
+# name: (megatron flags, reference shape); the benchmark models of docs/benchmarks.md.
 CONFIGS = {
     "gpt2-small": (
         f"{GPT} --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 "

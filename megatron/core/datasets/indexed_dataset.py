@@ -280,7 +280,7 @@ class _SpillArray:
     """An append-only array of one dtype that keeps at most `_SPILL_CHUNK` entries in memory.
 
     The builder's index arrays grow with the corpus (31M documents broke Megatron's in-memory lists,
-    user-pain-points A6); here they spill to a side file and are streamed back at `finalize`.
+    bigcode-project/Megatron-LM#34); here they spill to a side file and are streamed back at `finalize`.
     """
 
     def __init__(self, path: str, dtype):

@@ -4,7 +4,7 @@ Each is accepted by the parser. Validation then translates it to today's flags a
 "deprecated" line for it (rank 0, stderr), or, where no translation exists, reports a problem that names
 the replacement. The old dests are removed from the namespace afterwards, as Megatron does.
 
-History of the recompute names (reference section 7.6): `--checkpoint-activations` (+ `--checkpoint-num-layers`)
+History of the recompute names in Megatron-LM: `--checkpoint-activations` (+ `--checkpoint-num-layers`)
 until Aug 2021, then `--activations-checkpoint-method/-num-layers` (num-layers defaulting to 1) until
 2022, now `--recompute-granularity/-method/-num-layers`.
 """

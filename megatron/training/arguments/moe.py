@@ -1,4 +1,4 @@
-"""Mixture-of-experts flags (reference section 7.10). Expert parallelism is in parallel.py."""
+"""Mixture-of-experts flags (Megatron-LM's `_add_moe_args`). Expert parallelism is in parallel.py."""
 
 import argparse
 

@@ -1,7 +1,7 @@
 """Optimizer, regularisation and learning-rate schedule flags.
 
 The schedule counts samples, not iterations: iteration-valued flags are multiplied by the global batch
-size when the scheduler is built (reference section 6.3).
+size when the scheduler is built (as Megatron-LM's `OptimizerParamScheduler`, which steps in samples).
 """
 
 import argparse

@@ -64,7 +64,7 @@ def _activation(args) -> str:
         if getattr(args, flag, False):
             raise ValueError(f"--{flag.replace('_', '-')}: Hugging Face BERT has a plain GELU MLP; this model "
                              "cannot be exported to it")
-    # Megatron's fused bias-GELU kernel computes the tanh approximation (megatron-compat.md 8.4).
+    # Megatron's fused bias-GELU kernel computes the tanh approximation (megatron/core/fusions/fused_bias_gelu.py).
     if getattr(args, "openai_gelu", False) or (getattr(args, "bias_gelu_fusion", False) and args.add_bias_linear):
         logger.warning(
             "the MLP uses the tanh approximation of GELU (--bias-gelu-fusion or --openai-gelu) but the LM head "

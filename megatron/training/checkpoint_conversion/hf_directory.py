@@ -1,4 +1,4 @@
-"""A Hugging Face model directory, as `from_pretrained` reads it (user-pain-points D4, D5):
+"""A Hugging Face model directory, as `from_pretrained` reads it:
 
     config.json, generation_config.json
     model.safetensors                       or, above the shard size,

@@ -1,4 +1,4 @@
-"""convert.py saver `hf`: a Hugging Face model directory that `transformers` loads (user-pain-points D4).
+"""convert.py saver `hf`: a Hugging Face model directory that `transformers` loads.
 
 LayerNorm + learned positions -> GPT2LMHeadModel (gpt2_hf.py); RMSNorm + RoPE + SwiGLU ->
 LlamaForCausalLM or Qwen2ForCausalLM (llama_hf.py). config.json's vocab_size is the tokenizer's, the

@@ -1,5 +1,5 @@
 """What a conversion needs from the tokenizer a checkpoint was trained with: its true vocabulary size,
-its special ids, and the files to copy next to an exported model (user-pain-points A19, D5)."""
+its special ids, and the files to copy next to an exported model."""
 
 import argparse
 import copy

@@ -4,7 +4,7 @@
 it, in sorted order). Plain files are cut into byte ranges that end on a line break, so workers read their
 own slice and the parent never touches the text; compressed files are decompressed by the parent and sent
 as blocks of lines. Either way a `Task` carries no more than about `TASK_BYTES` of text, which bounds memory
-whatever the input size (user-pain-points A6).
+whatever the input size (Megatron-LM's script runs out of memory on large inputs: NVIDIA/Megatron-LM#444, #154).
 """
 
 import glob

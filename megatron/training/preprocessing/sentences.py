@@ -1,6 +1,6 @@
 """Sentence splitting with nltk's punkt models, as Megatron's `preprocess_data.py --split-sentences` does.
 
-Differences from Megatron, on purpose (user-pain-points A8):
+Differences from Megatron, on purpose (its failures here are reported in NVIDIA/Megatron-LM#59):
 - nltk is imported only when splitting is asked for, and `check_sentence_splitter` runs in the parent
   before any work starts, so a missing package or model is one clear message, not a crash in a worker.
 - Models are read from nltk's `punkt_tab` format (nltk >= 3.9 no longer loads the old pickles) and are

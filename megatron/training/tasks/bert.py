@@ -1,6 +1,6 @@
 """BERT pretraining pieces for `pretrain_bert.py`: model provider, batch, loss, forward step, datasets.
 
-Megatron's BERT objective (megatron-compat.md 4.3): masked-LM loss, the mean over the masked positions
+Megatron's BERT objective (`loss_func` of its pretrain_bert.py): masked-LM loss, the mean over the masked positions
 of each microbatch, plus the 2-way sentence-order-prediction (SOP) cross entropy of the binary head,
 the mean over the microbatch's sequences:
 

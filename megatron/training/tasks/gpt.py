@@ -1,6 +1,6 @@
 """GPT pretraining pieces for `pretrain_gpt.py`: model provider, batch, loss, forward step, datasets.
 
-Kept importable (and unit-tested) instead of living in the entry script, as STYLE.md 5 asks.
+Kept importable (and unit-tested) instead of living in the entry script, which only wires them to `pretrain()`.
 """
 
 from functools import partial

@@ -1,8 +1,8 @@
 """T5 pretraining pieces for `pretrain_t5.py`: model provider, batch, loss, forward step, datasets.
 
-Span corruption (megatron-compat.md 4.4): the encoder reads the text with each masked span replaced by a
-sentinel, the decoder predicts `sentinel, span tokens` for each span then [EOS]. The loss is GPT's:
-token-summed cross entropy over `loss_mask`.
+Span corruption (Megatron-LM's `T5MaskedWordPieceDataset`, megatron/core/datasets/t5_dataset.py): the encoder
+reads the text with each masked span replaced by a sentinel, the decoder predicts `sentinel, span tokens` for
+each span then [EOS]. The loss is GPT's: token-summed cross entropy over `loss_mask`.
 """
 
 import copy

@@ -1,5 +1,5 @@
 """BERTMaskedWordPieceDataset: samples equal to Megatron-LM's draw for draw, their layout, sentence order
-prediction and the 80/10/10 replacement rates (megatron-compat.md 4.2, 4.3)."""
+prediction and the 80/10/10 replacement rates (Megatron-LM's `_create_masked_lm_predictions`)."""
 
 import math
 
@@ -125,7 +125,7 @@ def test_masked_tokens_become_mask_80_random_10_unchanged_10(epoch, wordpiece_to
         assert (sample["labels"][~positions] == -1).all()
         text.append(sample["text"][positions])
         labels.append(sample["labels"][positions])
-        # The budget of megatron-compat.md 4.2: min(p * target, max(1, round(p * tokens))), [CLS]/[SEP] counted.
+        # Megatron's masking budget: min(p * target, max(1, round(p * tokens))), [CLS]/[SEP] counted.
         length, target = int(sample["padding_mask"].sum()), int(dataset.sample_index[idx][2])
         budget = math.floor(min(0.15 * target, max(1, round(0.15 * length))))
         assert positions.sum() <= budget

@@ -1,4 +1,5 @@
-"""Split strings, blends and the builder (megatron-compat.md 3.2, 3.3, 3.6, 3.7)."""
+"""Split strings, blends and the builder, against Megatron-LM's `parse_and_normalize_split`,
+`get_blend_from_list` and `BlendedMegatronDatasetBuilder`."""
 
 import math
 import os

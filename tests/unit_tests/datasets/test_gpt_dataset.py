@@ -1,4 +1,4 @@
-"""GPTDataset samples, masks, pad ids, index caches and mock data (megatron-compat.md 3.4-3.6, 3.8)."""
+"""GPTDataset samples, masks, pad ids, index caches and mock data, as Megatron-LM's gpt_dataset.py builds them."""
 
 import hashlib
 import json
@@ -84,7 +84,7 @@ def test_without_extra_token_the_last_label_is_masked(tmp_path):
 
 
 def classic_masks(data, eod, reset_position_ids, reset_attention_mask, eod_mask_loss):
-    """Megatron-LM's loop version of the masks (megatron-compat.md 3.5)."""
+    """Megatron-LM's loop version of the masks (`_get_ltor_masks_and_position_ids`)."""
     seq = data.numel()
     attention_mask = torch.tril(torch.ones((seq, seq))).unsqueeze(0)
     loss_mask = torch.ones(seq)

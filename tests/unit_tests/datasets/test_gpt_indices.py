@@ -1,5 +1,5 @@
 """Document/sample/shuffle index construction against a transcription of Megatron-LM's
-`GPTDataset._build_document_sample_shuffle_indices` (megatron-compat.md 3.4) and hand-worked numbers."""
+`GPTDataset._build_document_sample_shuffle_indices` and hand-worked numbers."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Vectorised index helpers against the spec's worked examples and a loop transcription of helpers.cpp."""
+"""Vectorised index helpers against worked examples of Megatron's compiled helpers.cpp and a loop transcription."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from tests.unit_tests.datasets import cpp_reference
 
 
 def test_sample_index_worked_example():
-    # megatron-compat.md 3.4: sizes [7, 5, 2, 3] in document order, seq_len 4 -> 4 samples of 5 tokens.
+    # Megatron's build_sample_idx: sizes [7, 5, 2, 3] in document order, seq_len 4 -> 4 samples of 5 tokens.
     sizes = np.array([7, 5, 2, 3], dtype=np.int32)
     sample_index = helpers.build_sample_idx(sizes, np.arange(4, dtype=np.int32), 4, 1, 17)
     assert sample_index.tolist() == [[0, 0], [0, 4], [1, 1], [2, 0], [3, 2]]
@@ -63,7 +63,7 @@ def test_sample_index_rejects_what_the_cpp_asserts():
 
 
 def test_blending_worked_example():
-    # megatron-compat.md 3.7: w = [.3, .7], 10 samples.
+    # Megatron's build_blending_indices: w = [.3, .7], 10 samples.
     dataset_index = np.zeros(10, dtype=np.int16)
     dataset_sample_index = np.zeros(10, dtype=np.int64)
     helpers.build_blending_indices(dataset_index, dataset_sample_index, np.array([0.3, 0.7]), 2, 10, False)

@@ -1,4 +1,4 @@
-"""`.bin/.idx` against a byte layout written independently from the spec (megatron-compat.md 1.2)."""
+"""`.bin/.idx` against a byte layout written independently here from Megatron-LM's format."""
 
 import os
 import pickle

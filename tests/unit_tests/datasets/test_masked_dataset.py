@@ -1,5 +1,5 @@
 """MaskedWordPieceDataset: n-gram length distributions, whole-word masking, permutation, configuration
-checks, index caching and splits by document (megatron-compat.md 3.2, 3.6, 4.1, 4.2)."""
+checks, index caching and splits by document, as Megatron-LM's masked_dataset.py does them."""
 
 import json
 import math

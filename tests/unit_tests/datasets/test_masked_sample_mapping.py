@@ -1,4 +1,4 @@
-"""The BERT/T5 sample mapping: hand-worked examples (megatron-compat.md 4.1) and a loop transcription of
+"""The BERT/T5 sample mapping: hand-worked examples and a loop transcription of
 helpers.cpp `build_mapping`."""
 
 import numpy as np

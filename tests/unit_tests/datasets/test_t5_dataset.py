@@ -1,5 +1,5 @@
 """T5MaskedWordPieceDataset: span corruption equal to Megatron-LM's draw for draw, sentinel order, the
-decoder input / labels relation, padding and the static attention-mask helpers (megatron-compat.md 4.4)."""
+decoder input / labels relation, padding and the static attention-mask helpers."""
 
 import numpy as np
 import pytest

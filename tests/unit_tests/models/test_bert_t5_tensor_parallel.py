@@ -7,7 +7,7 @@ trained with plain `torch.optim.AdamW` and `clip_grad_norm_` on the same microba
 from Megatron's definitions: per microbatch, BERT = masked-LM token mean + sentence-order mean, T5 =
 token mean over `loss_mask`; averaged over the microbatches. Every step the loss, the un-sharded
 gradients and the gradient norm must match, and after the last step the un-sharded weights (shards are
-merged by parameter name with the layouts of megatron-compat.md 8.4, not through the code's metadata).
+merged by parameter name with Megatron-Core's TP layouts, not through the code's metadata).
 """
 
 import copy

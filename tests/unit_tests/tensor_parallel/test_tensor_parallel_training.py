@@ -6,7 +6,7 @@ Llama-like model (GQA with 2 key/value groups, so fewer groups than TP=4 ranks; 
 untied embeddings). The reference is the same model at TP=1 trained with plain `torch.optim.AdamW` and
 `clip_grad_norm_` on the same global batch. Every step the loss, the un-sharded gradients and the
 gradient norm must match, and after the last step the un-sharded weights. The shards are merged with
-the layouts of megatron-compat.md 8.4 (by parameter name, not through the code's own metadata).
+Megatron-Core's TP layouts (by parameter name, not through the code's own metadata).
 
 Tolerances in fp32: losses, gradients and gradient norms within 2e-5 (absolute, or relative to the
 tensor's largest entry when that exceeds 1; measured <= 1e-6). Weights after the Adam steps within 1e-4
@@ -90,7 +90,7 @@ def _reference_run(name: str) -> list[dict]:
 
 
 def _unsharded(name: str, tensor: torch.Tensor, group, world_size: int, glu: bool) -> torch.Tensor:
-    """The full tensor from the TP shards of parameter `name` (megatron-compat.md 8.4): QKV rows, fc1 rows
+    """The full tensor from the TP shards of parameter `name`: QKV rows, fc1 rows
     and vocabulary rows concatenate (QKV shards hold whole query groups, or slices of one group, in order);
     a SwiGLU fc1 shard is [gate_i; up_i], so gates and ups concatenate separately."""
     split_dim = 0 if name.endswith(_ROWS_SPLIT) else 1 if name.endswith(_COLUMNS_SPLIT) else None

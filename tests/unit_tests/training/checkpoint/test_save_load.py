@@ -1,5 +1,5 @@
 """Save, then load into a freshly built GPTModel + optimizer + scheduler: every state comes back bit for
-bit, and training on equals training without the interruption (user-pain-points A21)."""
+bit, and training on equals training without the interruption."""
 
 import copy
 import os

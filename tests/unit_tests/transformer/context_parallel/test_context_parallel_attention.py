@@ -53,7 +53,7 @@ def _inputs(groups: int, head_dim: int = HEAD_DIM):
 
 
 def _rows_of_rank(cp_rank: int, cp_size: int) -> torch.Tensor:
-    """Sequence positions of chunks r and 2c-1-r (megatron-compat.md 9.6)."""
+    """Sequence positions of chunks r and 2c-1-r (Megatron's `get_batch_on_this_cp_rank`)."""
     n = SEQ // (2 * cp_size)
     return torch.cat([torch.arange(chunk * n, (chunk + 1) * n) for chunk in (cp_rank, 2 * cp_size - 1 - cp_rank)])
 
@@ -161,7 +161,7 @@ def test_context_parallel_attention_dropout_equals_masked_full_attention(results
 
 
 def test_batch_split_keeps_chunks_r_and_2c_minus_1_minus_r(results):
-    """megatron-compat.md 9.6: CP=2 over 4 chunks, rank 0 -> chunks 0 and 3, rank 1 -> chunks 1 and 2."""
+    """Megatron's load balancing: CP=2 over 4 chunks, rank 0 -> chunks 0 and 3, rank 1 -> chunks 1 and 2."""
     expected = {0: [0, 1, 6, 7], 1: [2, 3, 4, 5]}
     for rank, per_rank in enumerate(results):
         positions = expected[rank % 2]
