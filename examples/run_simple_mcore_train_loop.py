@@ -36,7 +36,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.transformer_config import TransformerConfig
 # Megatron-LM takes the null tokenizer from megatron.core.tokenizers; here the tokenizers live in the
 # training layer (they import no torch, so that preprocessing runs without it).
-from megatron.training.tokenizer import NullTokenizer
+from megatron.core.tokenizers import NullTokenizer
 
 SEQUENCE_LENGTH = 64
 VOCAB_SIZE = 128

@@ -5,10 +5,10 @@
 The same as `pretrain_gpt.py ... --dry-run`: no GPU, NCCL or data is touched.
 """
 
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.training.arguments import parse_args, validate_args  # noqa: E402
 from megatron.training.dry_run import dry_run  # noqa: E402

@@ -17,14 +17,16 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import DType  # noqa: E402
-from megatron.training.preprocessing.encoder import EncoderConfig  # noqa: E402
-from megatron.training.preprocessing.inputs import find_input_files  # noqa: E402
-from megatron.training.preprocessing.pipeline import PreprocessError, preprocess  # noqa: E402
-from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer  # noqa: E402
+from megatron.core.tokenizers import build_tokenizer  # noqa: E402
+from megatron.preprocessing.encoder import EncoderConfig  # noqa: E402
+from megatron.preprocessing.inputs import find_input_files  # noqa: E402
+from megatron.preprocessing.pipeline import PreprocessError, preprocess  # noqa: E402
+from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args  # noqa: E402
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
         paths = find_input_files(args.input)
         tokenizer = build_tokenizer(args)
         if args.split_sentences:
-            from megatron.training.preprocessing.sentences import check_sentence_splitter
+            from megatron.preprocessing.sentences import check_sentence_splitter
 
             check_sentence_splitter(args.lang)
         elif args.tokenizer_type.startswith("BertWordPiece"):

@@ -6,10 +6,10 @@
 The logic lives in megatron/training/generation/cli.py.
 """
 
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.training.generation.cli import main  # noqa: E402
 

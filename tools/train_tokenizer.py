@@ -11,13 +11,13 @@ tok/vocab.json --merge-file tok/merges.txt`); `--type wordpiece` writes `vocab.t
 
 import argparse
 import json
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
-from megatron.training.preprocessing.inputs import find_input_files, iter_tasks  # noqa: E402
-from megatron.training.tokenizer.training import train_gpt2_bpe, train_wordpiece  # noqa: E402
+from megatron.core.tokenizers.training import train_gpt2_bpe, train_wordpiece  # noqa: E402
+from megatron.preprocessing.inputs import find_input_files, iter_tasks  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = {"gpt2": 50257, "wordpiece": 30522}
 

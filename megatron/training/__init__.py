@@ -1,8 +1,9 @@
-"""The training layer: arguments, `pretrain()`, checkpoints, tokenizers, logging.
+"""The training layer: arguments, `pretrain()`, checkpoints, logging.
 
-Kept import-light on purpose: `tools/preprocess_data.py` imports `megatron.training.tokenizer`, which must
-work without torch (Megatron-LM's own chain from there imports Transformer Engine: NVIDIA/Megatron-LM#1476).
-The names Megatron-LM exports here (`get_args`, `pretrain`, `print_rank_0`, ...) are resolved on first use.
+The names Megatron-LM exports here (`get_args`, `pretrain`, `print_rank_0`, ...) are resolved on first use:
+importing any module of this package runs this file first, and the checkpoint converter
+(`tools/checkpoint/convert.py`) reads arguments and checkpoints without loading the training loop, the model
+code or a GPU library.
 """
 
 _LAZY = {

@@ -50,7 +50,7 @@ def dry_run_report(args) -> str:
 
 def dry_run(args) -> None:
     """Builds the tokenizer (for the padded vocabulary) and prints the report."""
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.core.tokenizers import build_tokenizer
 
     if getattr(args, "padded_vocab_size", None) is None:
         build_tokenizer(args)

@@ -22,7 +22,7 @@ from megatron.core.timers import Timers
 from megatron.training import global_vars
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.checkpointing import load_args_from_checkpoint
-from megatron.training.tokenizer import build_tokenizer
+from megatron.core.tokenizers import build_tokenizer
 from megatron.training.console import print_rank_0
 
 

@@ -100,11 +100,10 @@ def _vocabulary_mismatch(scratch: str) -> None:
 
 
 def _tokenizer(scratch: str, *flags) -> None:
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.core.tokenizers import build_tokenizer
+    from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args
 
     parser = argparse.ArgumentParser()
-    from megatron.training.tokenizer import add_tokenizer_args
-
     add_tokenizer_args(parser)
     build_tokenizer(parser.parse_args(list(flags)))
 

@@ -10,13 +10,17 @@ Synthetic inputs, no files; the numbers are wall-clock seconds of one run.
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from megatron.core.datasets.blending_greedy import greedy_blend
-from megatron.core.datasets.gpt_indices import build_gpt_indices
-from megatron.core.datasets.helpers import build_sample_idx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
+
+from megatron.core.datasets.blending_greedy import greedy_blend  # noqa: E402
+from megatron.core.datasets.gpt_indices import build_gpt_indices  # noqa: E402
+from megatron.core.datasets.helpers import build_sample_idx  # noqa: E402
 
 
 def document_lengths(total_tokens: int, mean_length: int, seed: int = 0) -> np.ndarray:

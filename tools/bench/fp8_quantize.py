@@ -18,15 +18,15 @@ kinds is checked on every shape (q, q^T, amax, 1 / scale; Y, dX, dW of fp8_linea
 """
 
 import argparse
-import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, fp8_linear, triton_quantize  # noqa: E402
 from megatron.core.fp8.quantize import (  # noqa: E402

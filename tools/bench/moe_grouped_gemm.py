@@ -11,13 +11,13 @@ Both paths compute the same function; the table also shows their largest output 
 """
 
 import argparse
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 from megatron.core.transformer.moe.experts import GroupedMLP  # noqa: E402
 from megatron.core.transformer.moe.grouped_gemm import grouped_mm_supported  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402

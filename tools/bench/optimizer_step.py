@@ -11,13 +11,13 @@ fused: 30 bytes in one).
 """
 
 import argparse
-import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.core.fusions.fused_adamw import FusedAdamW  # noqa: E402
 

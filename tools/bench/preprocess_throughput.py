@@ -20,11 +20,12 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import regex
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # noqa: E402
 
@@ -112,9 +113,9 @@ def run_megatron_style(args, prefix) -> dict:
 
 
 def run_ours(args, prefix) -> dict:
-    from megatron.training.preprocessing.encoder import EncoderConfig
-    from megatron.training.preprocessing.pipeline import output_prefix_for, preprocess
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.core.tokenizers import build_tokenizer
+    from megatron.preprocessing.encoder import EncoderConfig
+    from megatron.preprocessing.pipeline import output_prefix_for, preprocess
 
     tokenizer_args = argparse.Namespace(
         tokenizer_type="GPT2BPETokenizer", vocab_file=args.vocab_file, merge_file=args.merge_file,

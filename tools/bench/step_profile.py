@@ -6,14 +6,14 @@ kernels), other elementwise/reduction kernels, copies - and how busy the GPU is:
 well below 1 means the host (Python, launches, syncs) is the bottleneck, not the kernels.
 """
 
-import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 from megatron.training.profiling import summarize_kernels  # noqa: E402
 
 

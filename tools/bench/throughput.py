@@ -32,7 +32,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [ROOT, HERE]
+sys.path[:0] = [ROOT, HERE]  # runs from a clone without pip install
 
 from reference_model import ReferenceConfig, build_reference, reference_train_step  # noqa: E402
 from step_profile import profile_steps  # noqa: E402

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # runs from a clone without pip install
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, comm_overlap  # noqa: E402

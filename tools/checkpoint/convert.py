@@ -8,10 +8,10 @@ import from Hugging Face (GPT-2, Llama / Mistral / Qwen2, Mixtral).
 The logic lives in megatron/training/checkpoint_conversion/ (convert.py and the loader_*/saver_* plugins).
 """
 
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.training.checkpoint_conversion.convert import main  # noqa: E402
 

@@ -7,10 +7,10 @@ default pre-norm ones MegatronBertForPreTraining (...ForMaskedLM without the bin
 lives in megatron/training/checkpoint_conversion/export_bert_hf.py.
 """
 
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.training.checkpoint_conversion.export_bert_hf import main  # noqa: E402
 

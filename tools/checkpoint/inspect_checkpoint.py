@@ -8,10 +8,10 @@ standard library's `inspect` from everything the script imports. The logic lives
 megatron/training/checkpoint_conversion/inspect_checkpoint.py.
 """
 
-import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.training.checkpoint_conversion.inspect_checkpoint import main  # noqa: E402
 

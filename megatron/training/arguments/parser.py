@@ -5,6 +5,7 @@ import difflib
 import os
 import sys
 
+from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args
 from megatron.training.arguments.checkpointing import _add_checkpointing_args
 from megatron.training.arguments.config_file import add_config_file_arg, find_config_file, read_config_file
 from megatron.training.arguments.data import _add_data_args
@@ -21,7 +22,6 @@ from megatron.training.arguments.parallel import _add_distributed_args
 from megatron.training.arguments.precision import _add_low_precision_args, _add_mixed_precision_args
 from megatron.training.arguments.resilience import _add_resilience_args
 from megatron.training.arguments.training import _add_autoresume_args, _add_training_args, _add_validation_args
-from megatron.training.tokenizer import add_tokenizer_args
 
 
 class MegatronArgumentParser(argparse.ArgumentParser):

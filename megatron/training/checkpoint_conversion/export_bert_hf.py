@@ -18,7 +18,7 @@ from megatron.core.atomic_write import write_atomically
 from megatron.training.checkpoint_conversion.bert_hf import bert_export_shape, bert_to_hf, hf_config
 from megatron.training.checkpoint_conversion.hf_directory import write_hf_directory
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
-from megatron.training.tokenizer import build_tokenizer
+from megatron.core.tokenizers import build_tokenizer
 
 WORDPIECE_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 

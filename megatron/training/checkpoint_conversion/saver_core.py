@@ -13,7 +13,7 @@ from megatron.training.checkpoint_conversion.pipeline_stages import check_pipeli
 from megatron.training.checkpoint_conversion.tensor_parallel_sharding import check_tensor_parallel_size
 from megatron.training.checkpoint_conversion.torch_checkpoint import write_torch_checkpoint
 from megatron.training.checkpoint_conversion.vocab_padding import resize_vocab_rows
-from megatron.training.tokenizer import vocab_size_with_padding
+from megatron.core.tokenizers import vocab_size_with_padding
 
 _VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 

@@ -43,7 +43,7 @@ def tokenizer_info(args: argparse.Namespace, true_vocab_size: int | None = None)
     A tokenizer whose files are gone gives no size (printed as a note) rather than an error: resharding
     does not need one.
     """
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.core.tokenizers import build_tokenizer
 
     files, tokenizer_class = _files(args)
     info = TokenizerInfo(vocab_size=true_vocab_size, files=files, tokenizer_class=tokenizer_class)

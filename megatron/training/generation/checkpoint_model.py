@@ -24,7 +24,7 @@ from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
 from megatron.training.checkpoint.reading import load_base_checkpoint
 from megatron.training.checkpoint.state_dict import load_model_state
 from megatron.training.tasks.gpt import model_provider
-from megatron.training.tokenizer import build_tokenizer
+from megatron.core.tokenizers import build_tokenizer
 
 TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file", "tokenizer_model")
 

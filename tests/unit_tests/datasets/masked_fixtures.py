@@ -16,7 +16,7 @@ from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.split import Split
 from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDatasetConfig
-from megatron.training.tokenizer.bert_wordpiece import BertWordPieceTokenizer
+from megatron.core.tokenizers.bert_wordpiece import BertWordPieceTokenizer
 
 _SYLLABLES = "ka lo mi re tu sa ne po vi da gru ench ost alm ber iq zu".split()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
-from megatron.training.tokenizer.bert_wordpiece import BertWordPieceTokenizer
+from megatron.core.tokenizers.bert_wordpiece import BertWordPieceTokenizer
 from tests.unit_tests.datasets import megatron_masking_reference
 from tests.unit_tests.datasets.masked_fixtures import build_dataset, t5_config
 

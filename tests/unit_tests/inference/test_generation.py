@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron.core.inference import SamplingParams, generate, generate_tokens
-from megatron.training.tokenizer.null_tokenizer import NullTokenizer
+from megatron.core.tokenizers.null_tokenizer import NullTokenizer
 from tests.unit_tests.inference.tiny_models import MAX_POSITIONS, PAIRS, VOCAB, full_forward_logits, random_tokens
 
 NEW_TOKENS = 12

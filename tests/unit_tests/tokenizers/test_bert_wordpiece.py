@@ -13,8 +13,8 @@ import unicodedata
 import pytest
 from transformers import BertTokenizer
 
-from megatron.training.tokenizer import BertWordPieceTokenizer
-from megatron.training.tokenizer.bert_basic_splitter import BertBasicSplitter
+from megatron.core.tokenizers import BertWordPieceTokenizer
+from megatron.core.tokenizers.bert_basic_splitter import BertBasicSplitter
 
 
 def _reference(vocab_file: str, lower_case: bool):

@@ -5,14 +5,14 @@ import types
 
 import pytest
 
-from megatron.training.tokenizer import (
+from megatron.core.tokenizers import (
     BertWordPieceTokenizer,
     GPT2BPETokenizer,
     NullTokenizer,
-    add_tokenizer_args,
     build_tokenizer,
     vocab_size_with_padding,
 )
+from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args
 
 
 def parse(argv, parser=None):

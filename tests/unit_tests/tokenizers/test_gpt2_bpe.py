@@ -6,7 +6,7 @@ import pytest
 from tokenizers import ByteLevelBPETokenizer
 from transformers import GPT2Tokenizer
 
-from megatron.training.tokenizer import GPT2BPETokenizer
+from megatron.core.tokenizers import GPT2BPETokenizer
 from tests.unit_tests.tokenizers.mixed_text import UNICODE_LINES
 
 

@@ -4,8 +4,8 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from megatron.training.tokenizer import HuggingFaceTokenizer
-from megatron.training.tokenizer.gpt2_bpe import read_merges_txt, read_vocab_json
+from megatron.core.tokenizers import HuggingFaceTokenizer
+from megatron.core.tokenizers.gpt2_bpe import read_merges_txt, read_vocab_json
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron.training.tokenizer import NullTokenizer
+from megatron.core.tokenizers import NullTokenizer
 
 
 def test_parses_integers_and_uses_the_last_id_as_eod():

@@ -1,6 +1,6 @@
 """PieceCache: computes each piece once, and empties itself when full."""
 
-from megatron.training.tokenizer.piece_cache import PieceCache
+from megatron.core.tokenizers.piece_cache import PieceCache
 
 
 def test_computes_once_and_empties_when_full():

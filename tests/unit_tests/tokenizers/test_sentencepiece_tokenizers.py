@@ -5,7 +5,7 @@ import sys
 import pytest
 import sentencepiece
 
-from megatron.training.tokenizer import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
+from megatron.core.tokenizers import GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer
 
 
 @pytest.fixture(scope="module")

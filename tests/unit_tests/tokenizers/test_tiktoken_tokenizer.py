@@ -6,7 +6,7 @@ import json
 import pytest
 import tiktoken
 
-from megatron.training.tokenizer import TikTokenizer
+from megatron.core.tokenizers import TikTokenizer
 
 # Megatron-LM's patterns, copied from megatron/training/tokenizer/tokenizer.py.
 MEGATRON_V1 = r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"

@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import BertTokenizer, GPT2Tokenizer
 
-from megatron.training.tokenizer import BertWordPieceTokenizer, GPT2BPETokenizer
+from megatron.core.tokenizers import BertWordPieceTokenizer, GPT2BPETokenizer
 from tests.unit_tests.tools.tool_loader import load_tool
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
-from megatron.training.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.core.tokenizers.gpt2_bpe import GPT2BPETokenizer
 
 from .tool_loader import TOOLS, load_tool
 

@@ -23,7 +23,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.training import global_vars
-from megatron.training.tokenizer.gpt2_bpe import bytes_to_unicode
+from megatron.core.tokenizers.gpt2_bpe import bytes_to_unicode
 
 from .tool_loader import load_tool
 

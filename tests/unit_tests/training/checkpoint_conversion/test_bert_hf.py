@@ -22,7 +22,7 @@ from megatron.training.checkpoint_conversion.bert_hf import (
     split_qkv,
 )
 from megatron.training.checkpoint_conversion.export_bert_hf import main as export_main
-from megatron.training.tokenizer.bert_wordpiece import BertWordPieceTokenizer
+from megatron.core.tokenizers.bert_wordpiece import BertWordPieceTokenizer
 
 transformers = pytest.importorskip("transformers")
 

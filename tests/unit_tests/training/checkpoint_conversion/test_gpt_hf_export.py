@@ -122,7 +122,7 @@ def _byte_level_bpe(directory) -> tuple[str, str]:
 
 
 def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_path):
-    from megatron.training.tokenizer import GPT2BPETokenizer
+    from megatron.core.tokenizers import GPT2BPETokenizer
 
     (tmp_path / "tokenizer").mkdir()
     vocab_file, merge_file = _byte_level_bpe(tmp_path / "tokenizer")

@@ -3,17 +3,17 @@
 import math
 import os
 
-from megatron.training.tokenizer.bert_wordpiece import BertWordPieceTokenizer
-from megatron.training.tokenizer.gpt2_bpe import GPT2BPETokenizer
-from megatron.training.tokenizer.huggingface import HuggingFaceTokenizer
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
-from megatron.training.tokenizer.null_tokenizer import NullTokenizer
-from megatron.training.tokenizer.sentencepiece_tokenizers import (
+from megatron.core.tokenizers.bert_wordpiece import BertWordPieceTokenizer
+from megatron.core.tokenizers.gpt2_bpe import GPT2BPETokenizer
+from megatron.core.tokenizers.huggingface import HuggingFaceTokenizer
+from megatron.core.tokenizers.megatron_tokenizer import MegatronTokenizer
+from megatron.core.tokenizers.null_tokenizer import NullTokenizer
+from megatron.core.tokenizers.sentencepiece_tokenizers import (
     GPTSentencePieceTokenizer,
     Llama2Tokenizer,
     SentencePieceTokenizer,
 )
-from megatron.training.tokenizer.tiktoken_tokenizer import PATTERNS, TikTokenizer
+from megatron.core.tokenizers.tiktoken_tokenizer import PATTERNS, TikTokenizer
 
 # --tokenizer-type -> the attributes holding the files it reads. HuggingFaceTokenizer's
 # --tokenizer-model is a directory or a hub id, which the tokenizer itself checks.

@@ -10,9 +10,9 @@ split off as punctuation) and serve as ids for the BERT/T5 datasets.
 
 import itertools
 
-from megatron.training.tokenizer.bert_basic_splitter import BertBasicSplitter
-from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
-from megatron.training.tokenizer.piece_cache import PieceCache
+from megatron.core.tokenizers.bert_basic_splitter import BertBasicSplitter
+from megatron.core.tokenizers.megatron_tokenizer import DictVocabTokenizer
+from megatron.core.tokenizers.piece_cache import PieceCache
 
 # Google's `WordpieceTokenizer` default; `transformers` uses 100.
 MAX_INPUT_CHARS_PER_WORD = 200

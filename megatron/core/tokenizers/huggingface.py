@@ -11,8 +11,8 @@ special tokens are added to each text (a Llama-style BOS per document) unless
 import functools
 import os
 
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
-from megatron.training.tokenizer.optional_import import import_optional
+from megatron.core.tokenizers.megatron_tokenizer import MegatronTokenizer
+from megatron.core.tokenizers.optional_import import import_optional
 
 _EXPECTED = "a local directory holding the tokenizer files (tokenizer.json and/or tokenizer_config.json)"
 

@@ -1,9 +1,14 @@
-"""`add_tokenizer_args(parser)`: Megatron-LM's tokenizer flags, names and defaults, in one group."""
+"""`add_tokenizer_args(parser)`: Megatron-LM's tokenizer flags, names and defaults, in one group.
+
+Both `tools/preprocess_data.py` and the training parser register this group, as in Megatron-LM. It lives
+here, not with the training flags, because `tools/preprocess_data.py` must run without torch and importing
+anything under `megatron.training` loads it; and not in `megatron.core.tokenizers`, which has no argparse.
+"""
 
 import argparse
 import difflib
 
-from megatron.training.tokenizer.build import TOKENIZER_TYPES
+from megatron.core.tokenizers.build import TOKENIZER_TYPES
 
 # Tokenizer types of Megatron-LM (current or past) and its forks that this project does not build.
 _NOT_SUPPORTED = {

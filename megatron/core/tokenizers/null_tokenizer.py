@@ -1,6 +1,6 @@
 """`--tokenizer-type NullTokenizer --vocab-size N`: text that already is token ids ("12 7 401")."""
 
-from megatron.training.tokenizer.megatron_tokenizer import MegatronTokenizer
+from megatron.core.tokenizers.megatron_tokenizer import MegatronTokenizer
 
 
 class NullTokenizer(MegatronTokenizer):

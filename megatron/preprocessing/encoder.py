@@ -54,7 +54,7 @@ def init_worker(config: EncoderConfig) -> None:
     # must not start a thread pool of its own in every worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
-    from megatron.training.tokenizer import build_tokenizer
+    from megatron.core.tokenizers import build_tokenizer
 
     _state["config"] = config
     _state["tokenizer"] = build_tokenizer(config.tokenizer_args)

@@ -20,8 +20,8 @@ import json
 import regex
 from tokenizers import Tokenizer, decoders, models
 
-from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
-from megatron.training.tokenizer.piece_cache import PieceCache
+from megatron.core.tokenizers.megatron_tokenizer import DictVocabTokenizer
+from megatron.core.tokenizers.piece_cache import PieceCache
 
 END_OF_TEXT = "<|endoftext|>"
 GPT2_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")

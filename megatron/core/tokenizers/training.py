@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from megatron.training.tokenizer.bert_wordpiece import MAX_INPUT_CHARS_PER_WORD
-from megatron.training.tokenizer.gpt2_bpe import END_OF_TEXT
+from megatron.core.tokenizers.bert_wordpiece import MAX_INPUT_CHARS_PER_WORD
+from megatron.core.tokenizers.gpt2_bpe import END_OF_TEXT
 
 WORDPIECE_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _BYTE_ALPHABET_SIZE = 256

@@ -17,8 +17,8 @@ import base64
 import json
 from pathlib import Path
 
-from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
-from megatron.training.tokenizer.optional_import import import_optional
+from megatron.core.tokenizers.megatron_tokenizer import DictVocabTokenizer
+from megatron.core.tokenizers.optional_import import import_optional
 
 # Megatron-LM's pre-split patterns, verbatim. v1 keeps each digit apart; v2 also splits camelCase words.
 PATTERN_TIKTOKEN = (

@@ -8,8 +8,8 @@
 The `sentencepiece` package is imported only when one of them is built.
 """
 
-from megatron.training.tokenizer.megatron_tokenizer import DictVocabTokenizer
-from megatron.training.tokenizer.optional_import import import_optional
+from megatron.core.tokenizers.megatron_tokenizer import DictVocabTokenizer
+from megatron.core.tokenizers.optional_import import import_optional
 
 
 class _SentencePieceModel(DictVocabTokenizer):
