@@ -11,7 +11,8 @@ Megatron-LM needs a GPU; here its code runs unchanged on a CPU under these stand
 asked for on `cuda` are made on the CPU (a TorchFunctionMode rewrites the `device` of every torch call,
 `.cuda()` returns the tensor), `Tensor.type()` reports the CUDA type names Megatron-LM's optimizers check,
 streams are no-ops, and the CUDA generator is a 16-byte (seed, Philox offset) state that
-`torch.cuda.manual_seed` sets, as on a GPU (and Python < 3.12 gets `typing.override`). Process groups are gloo, world size 1. `--fixes` installs
+`torch.cuda.manual_seed` sets, as on a GPU (and Python < 3.12 gets `typing.override`). Process groups are
+gloo, world size 1 (both frameworks find torch.distributed started). `--fixes` installs
 `megatron_fixes.py` first.
 
 The state written (`STATE.pt`): `iteration`, `consumed_train_samples`, `floating_point_operations_so_far`,
@@ -26,7 +27,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import sys
 import traceback
 import typing
@@ -124,7 +124,6 @@ def build_megatron(fixes: bool):
 
         megatron_fixes.apply()
     args = arguments.parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
     _set_random_seed(args.seed, args.data_parallel_random_init, args.te_rng_tracker, args.inference_rng_tracker)
     seeded = {"cuda": torch.cuda.get_rng_state(), "tracker": tp_random.get_cuda_rng_tracker().get_states()}
@@ -207,11 +206,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--fixes", action="store_true", help="install megatron_fixes.py (Megatron-LM only)")
     options = parser.parse_args()
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    with socket.socket() as probe:  # a free port: several of these may run at once
-        probe.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     sys.argv = ["pretrain_gpt.py", *json.loads(options.argv)]
+    store = options.out + ".store"  # a file, not a port: several of these may run at once
+    if os.path.exists(store):
+        os.remove(store)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         if options.framework == "megatron":
             install_cpu_stand_ins()
