@@ -20,6 +20,7 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.num_microbatches_calculator import (
     get_current_global_batch_size,
+    get_current_running_global_batch_size,
     get_num_microbatches,
     update_num_microbatches,
 )
@@ -326,7 +327,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     )
     empty_unused_memory(args, level=1)
     loss_dict = reduce_loss_reports(losses)
-    increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+    increment = get_current_running_global_batch_size()
     veto = None
     if bad_step_guard is not None and bad_step_guard.enabled:
         veto = partial(bad_step_guard.check, losses, loss_dict, scheduler_increment=increment)
@@ -416,7 +417,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                     forward_backward_func,
                 )
                 iteration += 1
-                batch_size = parallel_state.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
+                batch_size = get_current_running_global_batch_size()
                 flops = num_floating_point_operations(args, batch_size)
                 args.consumed_train_samples += batch_size
                 args.num_floating_point_operations_so_far += flops

@@ -11,7 +11,7 @@ from datetime import datetime
 import torch
 
 from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import get_num_microbatches
+from megatron.core.num_microbatches_calculator import get_current_running_global_batch_size, get_num_microbatches
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.console import print_rank_last
@@ -123,7 +123,7 @@ def training_log(
 
     interval.add(loss_dict, skipped_iter, grad_norm)
 
-    batch_size = args.micro_batch_size * args.data_parallel_size * get_num_microbatches()
+    batch_size = get_current_running_global_batch_size()
     if writer is not None and iteration % args.tensorboard_log_interval == 0:
         samples = args.consumed_train_samples
         scalars = {"batch-size": batch_size}
