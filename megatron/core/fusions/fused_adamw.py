@@ -14,8 +14,9 @@ updated in fp32, stored back rounded to nearest even (adamw_reference.py has the
 
 Why: the mixed-precision step used to be torch's fused AdamW (read g, p, m, v; write p, m, v: 28 bytes per
 parameter) followed by `_foreach_copy_` of the fp32 main params into the model params (6 more bytes, a
-second pass). Here one kernel moves 30 bytes per parameter (22 with bf16 moments), and it reaches the copy bandwidth because it
-walks large contiguous blocks: on a 1.3B-parameter model the optimizer is a fifth of a training step.
+second pass). Here one kernel moves 30 bytes per parameter (22 with bf16 moments), and it reaches the copy
+bandwidth because it walks large contiguous blocks: on a 1.3B-parameter model the optimizer is a fifth of a
+training step.
 
 Many tensors, one launch: the tensors stay where they are (the optimizer's state, DDP's grad buffer, the
 model's params); a table gives each Triton program one block of `BLOCK` elements of one tensor, by the

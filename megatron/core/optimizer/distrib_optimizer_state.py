@@ -18,7 +18,8 @@ Per bucket, every rank copies the pieces it owns into a [3, S] fp32 tensor (its 
 gathers them (S x dp = padded bucket) and keeps the unpadded stretch; loading reverses this with a
 scatter. Moments kept in bf16 (--exp-avg-dtype / --exp-avg-sq-dtype bf16) are widened to fp32 on the way out
 and rounded to nearest on the way in, as Megatron-LM's precision-aware optimizer does: the file is the same
-for either setting, and loads into either. The collectives use the gloo twin of the data-parallel group on the CPU when there is one.
+for either setting, and loads into either. The collectives use the gloo twin of the data-parallel group on the
+CPU when there is one.
 """
 
 from typing import Iterator, List, Optional, Tuple
