@@ -311,10 +311,11 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def _fused(self):
         """(FusedAdamW, main -> model params) where the Triton AdamW applies, else False; decided once."""
         if self._fused_adamw is None:
-            supported = FusedAdamW.supports(self.optimizer, self.get_parameters())
-            fused = FusedAdamW(self.optimizer, exp_avg_dtype=self.config.exp_avg_dtype,
-                               exp_avg_sq_dtype=self.config.exp_avg_sq_dtype) if supported else None
-            self._fused_adamw = (fused, self._main_to_model_params()) if supported else False
+            self._fused_adamw = False
+            if FusedAdamW.supports(self.optimizer, self.get_parameters()):
+                fused = FusedAdamW(self.optimizer, exp_avg_dtype=self.config.exp_avg_dtype,
+                                   exp_avg_sq_dtype=self.config.exp_avg_sq_dtype)
+                self._fused_adamw = (fused, self._main_to_model_params())
         return self._fused_adamw
 
     def supports_device_veto(self) -> bool:

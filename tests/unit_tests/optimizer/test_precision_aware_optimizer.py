@@ -1,13 +1,19 @@
 """Adam moments in bf16 (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) on a CPU:
 fusions/adamw_reference.py's step against torch's AdamW and Adam (fp32 moments: bit for bit), bf16 moments as
-the rounded fp32 ones, a tiny GPT trained with the distributed optimizer either way, and OptimizerConfig's
-checks (Megatron-LM's, and "not supported yet" for the dtypes not built)."""
+the rounded fp32 ones, a tiny GPT trained with the distributed optimizer either way, the GPU's Triton step
+against the reference, and OptimizerConfig's checks (Megatron-LM's, and "not supported yet" for the dtypes not
+built)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.fusions.adamw_reference import adamw_step
-from megatron.core.optimizer import OptimizerConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
 from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args, train_steps
 
@@ -64,6 +70,7 @@ def test_bf16_moments_are_the_fp32_update_rounded_to_nearest():
                 assert kept.dtype == BF16 and torch.equal(kept, exact_optimizer.state[twin][key].bfloat16())
 
 
+VALID = dict(lr=1e-3, use_distributed_optimizer=True, use_precision_aware_optimizer=True)
 BF16_MOMENTS = ("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16")
 
 
@@ -83,7 +90,53 @@ def test_tiny_gpt_trains_with_bf16_moments_like_with_fp32_moments(single_rank): 
     assert losses["bf16"] != losses["fp32"]
 
 
-VALID = dict(lr=1e-3, use_distributed_optimizer=True, use_precision_aware_optimizer=True)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_distributed_optimizer_steps_bf16_moments_in_the_triton_kernel_like_the_reference():
+    """On a GPU the distributed optimizer's step is the Triton kernel (fusions/fused_adamw.py) with bf16 moments.
+    Each step, from the optimizer's own state, the reference step on the same gradients gives the same fp32 main
+    params (within fp32 rounding) and the same bf16 moments (both round to nearest even; at least 99% bit for
+    bit, as in test_fused_adamw.py); the model params are the main params rounded."""
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8))
+        model = model.cuda().bfloat16()
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
+        ddp = DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=False), ddp_config, model)
+        config = OptimizerConfig(**VALID, bf16=True, weight_decay=0.0, clip_grad=0.0, exp_avg_dtype=BF16,
+                                 exp_avg_sq_dtype=BF16)
+        optimizer = get_megatron_optimizer(config, [ddp])
+        masters = [torch.zeros(param.numel(), device="cuda") for param in model.parameters()]
+        reference = torch.optim.AdamW(masters, lr=config.lr, weight_decay=0.0)
+        for step in range(3):
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            generator = torch.Generator(device="cuda").manual_seed(step)
+            inputs = torch.randn(16, 32, device="cuda", generator=generator).bfloat16()
+            ddp(inputs).float().square().mean().backward()
+            finalize_model_grads([ddp])
+            for param, master in zip(model.parameters(), masters):
+                main = optimizer.main_param_and_state(param)["param"]
+                master.copy_(main)
+                master.grad = param.main_grad.detach().view(-1).clone()
+                if step:
+                    reference.state[master] = {key: value.clone() for key, value in optimizer.state[main].items()}
+            assert optimizer.step()[0]
+            adamw_step(reference, BF16, BF16)
+            for param, master in zip(model.parameters(), masters):
+                tensors = optimizer.main_param_and_state(param)
+                torch.testing.assert_close(tensors["param"], master, rtol=1e-5, atol=1e-6)
+                assert torch.equal(param.detach().view(-1), tensors["param"].bfloat16())
+                for key in ("exp_avg", "exp_avg_sq"):
+                    kept, expected = tensors[key], reference.state[master][key]
+                    assert kept.dtype == expected.dtype == BF16 and (kept == expected).float().mean() >= 0.99
+        assert optimizer._fused()
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
 
 
 @pytest.mark.parametrize("settings, message", [
