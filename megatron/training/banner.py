@@ -105,7 +105,8 @@ def _optimizer_kernels(args) -> str:
         return f"torch {args.optimizer.upper()}"
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     mixed_precision = args.bf16 or args.fp16 or args.use_distributed_optimizer
-    return f"{adam_step_kernel(device_type, mixed_precision)}; apex FusedAdam is not used"
+    bf16_moments = torch.bfloat16 in (args.exp_avg_dtype, args.exp_avg_sq_dtype)
+    return f"{adam_step_kernel(device_type, mixed_precision, bf16_moments)}; apex FusedAdam is not used"
 
 
 def _kernel_lines(args) -> list:

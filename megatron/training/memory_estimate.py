@@ -20,8 +20,10 @@ stack and the LM head's bias V. BERT's pooler, LM-head transform and token types
 counted (~0.6% of BERT-large); the banner counts the built model itself.
 
 Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients accumulate in fp32, else
-2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (SGD momentum 4), divided by DP
-with the distributed optimizer. Megatron's classic "18 bytes per parameter" is 2 + 4 + 12.
+2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
+--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) or SGD momentum 4, divided by
+DP with the distributed optimizer. Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16
+moments it is 2 + 4 + 8.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
 (s sequence, b micro batch, B bytes of the activation dtype; masks are 1 byte; fused SDPA attention keeps
@@ -253,7 +255,10 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     parameters = parameters_per_rank(args)["first stage"]
     mixed = args.fp16 or args.bf16
     grad_bytes = 4 if (not mixed or args.accumulate_allreduce_grads_in_fp32) else 2
-    state_bytes = 8 if args.optimizer == "adam" else (4 if args.sgd_momentum else 0)
+    if args.optimizer == "adam":
+        state_bytes = args.exp_avg_dtype.itemsize + args.exp_avg_sq_dtype.itemsize
+    else:
+        state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
     if args.use_distributed_optimizer:
         optimizer //= args.data_parallel_size

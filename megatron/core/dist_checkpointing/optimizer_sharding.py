@@ -126,9 +126,11 @@ def _plain_entry(sub, pieces_of, main_key: Optional[str]) -> dict:
 
 
 def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPiece],
-                         main_key: Optional[str]) -> Dict[str, list]:
+                         main_key: Optional[str], is_loading: bool) -> Dict[str, list]:
     """The pieces of this rank's stretch [param_start, param_end) of `param` (flattened) per state tensor;
-    the main param under `main_key` (None: not at all)."""
+    the main param under `main_key` (None: not at all). Saved, bf16 moments are widened to fp32 copies (on the
+    CPU, not to double them on the GPU); loaded, the pieces are views of the moments, which DCP fills with
+    the checkpoint's values rounded to their dtype."""
     stretch = sub.shard_ranges[param]
     tensors = sub.main_param_and_state(param)
     main = tensors.pop("param")
@@ -144,6 +146,8 @@ def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPi
         replica_id = (*piece.replica_id[:-1], 0) if isinstance(piece.replica_id, tuple) else piece.replica_id
         for name, tensor in tensors.items():
             data = tensor.detach()[low - stretch.param_start : high - stretch.param_start]
+            if not is_loading and data.dtype != torch.float32:
+                data = data.to("cpu", torch.float32)
             sharded[name].append(ShardedTensor(
                 f"{STATE_PREFIX}{name}.{piece.key}", data, piece.global_shape, piece.global_offset, replica_id,
                 piece.local_shape, slice(low - start, high - start), piece.allow_shape_mismatch,
@@ -151,9 +155,9 @@ def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPi
     return sharded
 
 
-def _distributed_entry(sub: DistributedOptimizer, pieces_of, main_key: Optional[str]) -> dict:
+def _distributed_entry(sub: DistributedOptimizer, pieces_of, main_key: Optional[str], is_loading: bool) -> dict:
     """A distributed optimizer's model-space entry (fully_reshardable, or a request for a plain layout)."""
-    param_state = {index: _flat_stretch_pieces(sub, param, _pieces(pieces_of, param), main_key)
+    param_state = {index: _flat_stretch_pieces(sub, param, _pieces(pieces_of, param), main_key, is_loading)
                    for index, param in enumerate(sub.model_params)}
     entry = {"optimizer": {"param_groups": groups_without_params(sub.optimizer, adam_step(sub.optimizer))},
              "param_state": param_state, "param_state_sharding_type": FULLY_RESHARDABLE}
@@ -162,16 +166,19 @@ def _distributed_entry(sub: DistributedOptimizer, pieces_of, main_key: Optional[
     return entry
 
 
-def model_space_sharded_state_dict(optimizer, model_chunks: list, main_key: Optional[str] = None) -> dict:
+def model_space_sharded_state_dict(optimizer, model_chunks: list, main_key: Optional[str] = None,
+                                   is_loading: bool = False) -> dict:
     """The optimizer entry in a model-space layout (module docstring): what a plain optimizer saves, or a
-    distributed one with --dist-ckpt-optim-fully-reshardable; as a load request, `main_key` says where the
-    checkpoint keeps the fp32 main params ("fp32_param", "param", None: nowhere, they are the model's)."""
+    distributed one with --dist-ckpt-optim-fully-reshardable; as a load request (`is_loading`), `main_key`
+    says where the checkpoint keeps the fp32 main params ("fp32_param", "param", None: nowhere, they are the
+    model's)."""
     pieces_of = pieces_by_tensor(model_chunks)
     entries = []
     for sub in sub_optimizers(optimizer):
         if isinstance(sub, DistributedOptimizer):
             mixed = any(param.dtype != torch.float32 for param in sub.model_params)
-            entries.append(_distributed_entry(sub, pieces_of, main_key if mixed or main_key == "param" else None))
+            entries.append(_distributed_entry(sub, pieces_of, main_key if mixed or main_key == "param" else None,
+                                              is_loading))
         else:
             entries.append(_plain_entry(sub, pieces_of, main_key))
     return entries[0] if len(entries) == 1 else dict(enumerate(entries))

@@ -9,28 +9,34 @@ Per element, in fp32, the update of `torch.optim.AdamW` (t = the step count afte
     p      = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
     model  = p rounded to the model's dtype          (only where the model param is a separate bf16/fp16 copy)
 
+m and v are kept in fp32 or bf16 (`--exp-avg-dtype`, `--exp-avg-sq-dtype`), each on its own: read into fp32,
+updated in fp32, stored back rounded to nearest even (adamw_reference.py has the same step in PyTorch).
+
 Why: the mixed-precision step used to be torch's fused AdamW (read g, p, m, v; write p, m, v: 28 bytes per
 parameter) followed by `_foreach_copy_` of the fp32 main params into the model params (6 more bytes, a
-second pass). Here one kernel moves 30 bytes per parameter, and it reaches the copy bandwidth because it
-walks large contiguous blocks: on a 1.3B-parameter model the optimizer is a fifth of a training step.
+second pass). Here one kernel moves 30 bytes per parameter (22 with bf16 moments), and it reaches the copy
+bandwidth because it walks large contiguous blocks: on a 1.3B-parameter model the optimizer is a fifth of a
+training step.
 
 Many tensors, one launch: the tensors stay where they are (the optimizer's state, DDP's grad buffer, the
 model's params); a table gives each Triton program one block of `BLOCK` elements of one tensor, by the
-tensors' data pointers. The table is rebuilt only when a pointer changes (a checkpoint load replaces the
-optimizer state). The per-group hyper-parameters (lr, weight decay, betas, eps and the two bias
+tensors' data pointers. The table is rebuilt only when a pointer or a moment's dtype changes (a checkpoint
+load replaces the optimizer state). The per-group hyper-parameters (lr, weight decay, betas, eps and the two bias
 corrections) go to the GPU as one small tensor per step, so nothing waits for the host and no value is
 read back.
 
 `FusedAdamW.step` replaces `optimizer.step()` plus the main-to-model copy for a `torch.optim.AdamW`
 without amsgrad/maximize; `FusedAdamW.supports` says when it applies (CUDA tensors, Triton installed, fp32
-main params and gradients). Its reference is torch's own AdamW followed by the copy
-(tests/unit_tests/optimizer/test_fused_adamw.py).
+main params and gradients). Its references are torch's own AdamW followed by the copy, and with bf16 moments
+adamw_reference.py's step (tests/unit_tests/optimizer/test_fused_adamw.py).
 """
 
 import importlib.util
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from .adamw_reference import MOMENT_DTYPES, is_decoupled, new_adam_state
 
 _TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 BLOCK = 1024  # elements per Triton program (1024 x 4 warps: 3.35 TB/s on an H200, 2048: 2.66)
@@ -47,7 +53,8 @@ if _TRITON_AVAILABLE:
     def _adamw_kernel(
         block_tensor, block_start, numels, tensor_group, group_table, grad_scale, skip,
         grad_pointers, main_param_pointers, exp_avg_pointers, exp_avg_sq_pointers, model_param_pointers,
-        HAS_GRAD_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, MODEL_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        HAS_GRAD_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, MODEL_DTYPE: tl.constexpr,
+        EXP_AVG_DTYPE: tl.constexpr, EXP_AVG_SQ_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     ):
         if HAS_SKIP:
             if tl.load(skip) != 0:  # the update was vetoed on the device (a bad step): write nothing
@@ -63,12 +70,12 @@ if _TRITON_AVAILABLE:
 
         grad_pointer = tl.load(grad_pointers + tensor).to(tl.pointer_type(tl.float32))
         param_pointer = tl.load(main_param_pointers + tensor).to(tl.pointer_type(tl.float32))
-        exp_avg_pointer = tl.load(exp_avg_pointers + tensor).to(tl.pointer_type(tl.float32))
-        exp_avg_sq_pointer = tl.load(exp_avg_sq_pointers + tensor).to(tl.pointer_type(tl.float32))
+        exp_avg_pointer = tl.load(exp_avg_pointers + tensor).to(tl.pointer_type(EXP_AVG_DTYPE))
+        exp_avg_sq_pointer = tl.load(exp_avg_sq_pointers + tensor).to(tl.pointer_type(EXP_AVG_SQ_DTYPE))
         grad = tl.load(grad_pointer + offsets, mask=mask, other=0.0)
         param = tl.load(param_pointer + offsets, mask=mask, other=0.0)
-        exp_avg = tl.load(exp_avg_pointer + offsets, mask=mask, other=0.0)
-        exp_avg_sq = tl.load(exp_avg_sq_pointer + offsets, mask=mask, other=0.0)
+        exp_avg = tl.load(exp_avg_pointer + offsets, mask=mask, other=0.0).to(tl.float32)
+        exp_avg_sq = tl.load(exp_avg_sq_pointer + offsets, mask=mask, other=0.0).to(tl.float32)
         if HAS_GRAD_SCALE:
             grad = grad / tl.load(grad_scale)
 
@@ -79,8 +86,8 @@ if _TRITON_AVAILABLE:
         param = param - step_size * exp_avg / denominator
 
         tl.store(param_pointer + offsets, param, mask=mask)
-        tl.store(exp_avg_pointer + offsets, exp_avg, mask=mask)
-        tl.store(exp_avg_sq_pointer + offsets, exp_avg_sq, mask=mask)
+        tl.store(exp_avg_pointer + offsets, exp_avg.to(EXP_AVG_DTYPE), mask=mask)
+        tl.store(exp_avg_sq_pointer + offsets, exp_avg_sq.to(EXP_AVG_SQ_DTYPE), mask=mask)
         if MODEL_DTYPE is not None:
             model_pointer = tl.load(model_param_pointers + tensor).to(tl.pointer_type(MODEL_DTYPE))
             tl.store(model_pointer + offsets, param.to(MODEL_DTYPE), mask=mask)
@@ -118,22 +125,27 @@ class _LaunchTable:
 
 _TRITON_DTYPES = {}
 if _TRITON_AVAILABLE:
-    _TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, None: None}
+    _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, None: None}
 
 
 class FusedAdamW:
     """The update of a `torch.optim.AdamW` (its param groups, hyper-parameters and state) plus the copy of
-    each fp32 main param into its model param, as one Triton launch per model dtype.
+    each fp32 main param into its model param, as one Triton launch per dtype combination (model copy,
+    exp_avg, exp_avg_sq).
 
     The optimizer's state stays torch's (`exp_avg`, `exp_avg_sq`, a float32 `step` tensor per param, as
-    torch's fused AdamW keeps it), so checkpoints and a later `optimizer.step()` see no difference.
+    torch's fused AdamW keeps it), so checkpoints and a later `optimizer.step()` see no difference. Moments
+    this step creates are zeros of `exp_avg_dtype` / `exp_avg_sq_dtype` (fp32 or bf16); existing ones are
+    updated in the dtype they have.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, block_size: int = BLOCK, num_warps: int = NUM_WARPS):
+    def __init__(self, optimizer: torch.optim.Optimizer, block_size: int = BLOCK, num_warps: int = NUM_WARPS,
+                 exp_avg_dtype: torch.dtype = torch.float32, exp_avg_sq_dtype: torch.dtype = torch.float32):
         self.optimizer = optimizer
         self.block_size, self.num_warps = block_size, num_warps
+        self.exp_avg_dtype, self.exp_avg_sq_dtype = exp_avg_dtype, exp_avg_sq_dtype
         self._signature = None
-        self._launches: Dict[Optional[torch.dtype], _LaunchTable] = {}
+        self._launches: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype], _LaunchTable] = {}
         self._step_tensors: List[torch.Tensor] = []
         self._group_steps: List[int] = []
 
@@ -143,7 +155,7 @@ class FusedAdamW:
         the same update) without amsgrad/maximize/differentiable, fp32 main params on CUDA, Triton present."""
         if not _TRITON_AVAILABLE or not isinstance(optimizer, torch.optim.Adam):
             return False
-        decoupled = isinstance(optimizer, torch.optim.AdamW) or optimizer.defaults.get("decoupled_weight_decay")
+        decoupled = is_decoupled(optimizer)
         for group in optimizer.param_groups:
             if group["amsgrad"] or group["maximize"] or group.get("differentiable"):
                 return False
@@ -161,26 +173,25 @@ class FusedAdamW:
                     continue
                 state = self.optimizer.state[param]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state.update(new_adam_state(param, self.exp_avg_dtype, self.exp_avg_sq_dtype))
                 entries.append((group_index, param, param.grad, state["exp_avg"], state["exp_avg_sq"],
                                 model_of.get(param)))
         return entries
 
     def _rebuild(self, entries: list) -> None:
         for _, param, grad, exp_avg, exp_avg_sq, _ in entries:
-            for tensor in (grad, exp_avg, exp_avg_sq):
-                if tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.shape != param.shape:
+            for tensor, dtypes in ((grad, (torch.float32,)), (exp_avg, MOMENT_DTYPES), (exp_avg_sq, MOMENT_DTYPES)):
+                if tensor.dtype not in dtypes or not tensor.is_contiguous() or tensor.shape != param.shape:
                     raise ValueError(
-                        f"FusedAdamW needs contiguous fp32 gradients and Adam state shaped like the param "
-                        f"{tuple(param.shape)}, got {tensor.dtype} {tuple(tensor.shape)}"
+                        f"FusedAdamW needs contiguous fp32 gradients and fp32 or bf16 Adam moments shaped like the "
+                        f"param {tuple(param.shape)}, got {tensor.dtype} {tuple(tensor.shape)}"
                     )
         device = entries[0][1].device
-        by_dtype: Dict[Optional[torch.dtype], list] = {}
+        by_dtype: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype], list] = {}
         for entry in entries:
-            model = entry[5]
-            by_dtype.setdefault(None if model is None else model.dtype, []).append(entry)
+            model, exp_avg, exp_avg_sq = entry[5], entry[3], entry[4]
+            key = (None if model is None else model.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+            by_dtype.setdefault(key, []).append(entry)
         self._launches = {dtype: _LaunchTable(group, device, self.block_size) for dtype, group in by_dtype.items()}
         self._step_tensors = [self.optimizer.state[entry[1]]["step"] for entry in entries]
         # Every param of a group is at the same step (torch increments them together); one read, here only.
@@ -219,7 +230,7 @@ class FusedAdamW:
             return
         signature = tuple(
             (group, param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
-             0 if model is None else model.data_ptr())
+             0 if model is None else model.data_ptr(), exp_avg.dtype, exp_avg_sq.dtype)
             for group, param, grad, exp_avg, exp_avg_sq, model in entries
         )
         if signature != self._signature:
@@ -232,12 +243,14 @@ class FusedAdamW:
             torch._foreach_add_(self._step_tensors, 1.0)
         else:
             torch._foreach_add_(self._step_tensors, (1 - skip).float().reshape(()))
-        for model_dtype, table in self._launches.items():
+        for (model_dtype, exp_avg_dtype, exp_avg_sq_dtype), table in self._launches.items():
             _adamw_kernel[(table.num_blocks,)](
                 table.block_tensor, table.block_start, table.numels, table.tensor_group, group_table,
                 grad_scale if grad_scale is not None else group_table, skip if skip is not None else group_table,
                 *table.pointers, HAS_GRAD_SCALE=grad_scale is not None, HAS_SKIP=skip is not None,
-                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], BLOCK_SIZE=self.block_size, num_warps=self.num_warps,
+                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], EXP_AVG_DTYPE=_TRITON_DTYPES[exp_avg_dtype],
+                EXP_AVG_SQ_DTYPE=_TRITON_DTYPES[exp_avg_sq_dtype], BLOCK_SIZE=self.block_size,
+                num_warps=self.num_warps,
             )
 
     def rewind(self) -> None:

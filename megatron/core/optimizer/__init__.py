@@ -67,14 +67,17 @@ def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: 
     return torch.optim.SGD(param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum)
 
 
-def adam_step_kernel(device_type: str, mixed_precision: bool) -> str:
+def adam_step_kernel(device_type: str, mixed_precision: bool, bf16_moments: bool = False) -> str:
     """What runs Adam's step, for the banner and `doctor`. `mixed_precision`: a `MixedPrecisionOptimizer`
-    (--bf16, --fp16 or the distributed optimizer), whose step takes fusions/fused_adamw.py on CUDA."""
-    if device_type != "cuda":
-        return "torch Adam(W), foreach implementation"
-    if mixed_precision and importlib.util.find_spec("triton") is not None:
-        return "Adam(W) update and copy into the model params in one Triton kernel (fusions/fused_adamw.py)"
-    return "torch Adam(W), fused CUDA kernel"
+    (--bf16, --fp16 or the distributed optimizer), whose step takes fusions/fused_adamw.py on CUDA.
+    `bf16_moments`: a moment kept in bf16 (--use-precision-aware-optimizer), which torch's Adam cannot hold."""
+    if mixed_precision and device_type == "cuda" and importlib.util.find_spec("triton") is not None:
+        kernel = "Adam(W) update and copy into the model params in one Triton kernel (fusions/fused_adamw.py)"
+    elif bf16_moments:
+        kernel = "Adam(W) in plain PyTorch (fusions/adamw_reference.py)"
+    else:
+        kernel = "torch Adam(W), foreach implementation" if device_type != "cuda" else "torch Adam(W), fused CUDA kernel"
+    return f"{kernel}, bf16 moments" if bf16_moments else kernel
 
 
 def _grad_scaler(config: OptimizerConfig, device: torch.device) -> Optional[MegatronGradScaler]:

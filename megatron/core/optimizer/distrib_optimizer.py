@@ -11,7 +11,8 @@ For each param overlapping its shards a rank holds only the overlapping piece:
 
     model shard   param.view(-1)[a:b]                 a view into DDP's param buffer
     main shard    an fp32 copy of it (bf16/fp16 params), or the model shard itself (fp32 params)
-    Adam state    exp_avg, exp_avg_sq of the main shard
+    Adam state    exp_avg, exp_avg_sq of the main shard, fp32 or (--use-precision-aware-optimizer
+                  --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) bf16
 
 One step:
     DDP reduce-scatter      rank r's shard of the grad buffer holds the mean gradient
@@ -20,8 +21,11 @@ One step:
     Adam on the main shards, cast back into the param buffer's shard
     all-gather the param buffer (at once, or during the next forward with overlap_param_gather)
 
-Bytes per param with bf16 params and fp32 grads: 2 + 4 + 12/dp instead of 18. The checkpoint format
-(`get_parameter_state_dp_zero`, `distrib_optim.pt`) is in distrib_optimizer_state.py.
+Bytes per param with bf16 params and fp32 grads: 2 + 4 + 12/dp instead of 18 (2 + 4 + 8/dp with bf16
+moments). The checkpoint format (`get_parameter_state_dp_zero`, `distrib_optim.pt`) is in
+distrib_optimizer_state.py; checkpoints hold the moments in fp32 whatever their dtype here, as Megatron-LM
+writes them (its Transformer Engine Adam widens bf16 moments when saving and rounds them when loading), so a
+checkpoint loads under either setting.
 """
 
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from ..fusions.adamw_reference import new_adam_state
 from .distrib_optimizer_state import ADAM_STATE_KEYS, gather_parameter_state_dp_zero, scatter_parameter_state_dp_zero
 from .grad_scaler import MegatronGradScaler
 from .optimizer import MixedPrecisionOptimizer, copy_layout_attributes
@@ -220,8 +225,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores hyper-parameters, Adam's step and the grad scaler; allocates zero Adam state that
-        `load_parameter_state_from_dp_zero` then fills."""
+        """Restores hyper-parameters, Adam's step and the grad scaler; allocates zero Adam state (moments in
+        the configured dtypes) that `load_parameter_state_from_dp_zero` then fills."""
         saved_groups = state_dict.get("optimizer", {}).get("param_groups")
         if saved_groups is None or any("params" in group for group in saved_groups):
             raise ValueError(
@@ -229,20 +234,21 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 "state); resume without --use-distributed-optimizer, or pass --no-load-optim"
             )
         order = reorder_saved_param_groups(self.optimizer.param_groups, saved_groups, match_sizes=False)
-        state, param_groups, index = {}, [], 0
-        for group, saved_index in zip(self.optimizer.param_groups, order):
-            saved = saved_groups[saved_index]
-            step = torch.tensor(float(saved.get("step") or 0), dtype=torch.float32)
-            indices = []
-            for main_shard in group["params"]:
-                state[index] = {"step": step.clone(), **{key: torch.zeros_like(main_shard) for key in ADAM_STATE_KEYS}}
-                indices.append(index)
-                index += 1
+        saved_groups = [saved_groups[saved_index] for saved_index in order]
+        param_groups, index = [], 0
+        for group, saved in zip(self.optimizer.param_groups, saved_groups):
             ignored = ("step", *_IMPLEMENTATION_KEYS)
             hyper_parameters = {key: value for key, value in saved.items() if key not in ignored}
             implementation = {key: group[key] for key in _IMPLEMENTATION_KEYS if key in group}
-            param_groups.append({**hyper_parameters, **implementation, "params": indices})
-        self.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+            param_groups.append({**hyper_parameters, **implementation,
+                                 "params": list(range(index, index + len(group["params"])))})
+            index += len(group["params"])
+        # torch's load_state_dict would cast the moments to their params' dtype: the state is made afterwards.
+        self.optimizer.load_state_dict({"state": {}, "param_groups": param_groups})
+        for group, saved in zip(self.optimizer.param_groups, saved_groups):
+            for main_shard in group["params"]:
+                self.optimizer.state[main_shard] = new_adam_state(
+                    main_shard, self.config.exp_avg_dtype, self.config.exp_avg_sq_dtype, saved.get("step") or 0)
         self._load_grad_scaler_state(state_dict)
 
     def main_param_and_state(self, param: torch.nn.Parameter) -> Dict[str, Optional[torch.Tensor]]:

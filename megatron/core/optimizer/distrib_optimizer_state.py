@@ -14,9 +14,12 @@ the data-parallel size (the padding is in multiples of 64 from a 128-aligned buc
 gathered at one DP size scatters onto another, provided the buckets are the same (same
 --ddp-bucket-size and --overlap-grad-reduce); the element counts are checked.
 
-Per bucket, every rank copies the pieces it owns into a [3, S] tensor (its shard of the bucket), rank 0
+Per bucket, every rank copies the pieces it owns into a [3, S] fp32 tensor (its shard of the bucket), rank 0
 gathers them (S x dp = padded bucket) and keeps the unpadded stretch; loading reverses this with a
-scatter. The collectives use the gloo twin of the data-parallel group on the CPU when there is one.
+scatter. Moments kept in bf16 (--exp-avg-dtype / --exp-avg-sq-dtype bf16) are widened to fp32 on the way out
+and rounded to nearest on the way in, as Megatron-LM's precision-aware optimizer does: the file is the same
+for either setting, and loads into either. The collectives use the gloo twin of the data-parallel group on the
+CPU when there is one.
 """
 
 from typing import Iterator, List, Optional, Tuple

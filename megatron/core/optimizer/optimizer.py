@@ -23,6 +23,7 @@ from typing import List, Optional
 import torch
 
 from .. import parallel_state
+from ..fusions.adamw_reference import adamw_step
 from ..fusions.fused_adamw import FusedAdamW
 from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 from ..timers import timed
@@ -310,8 +311,11 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def _fused(self):
         """(FusedAdamW, main -> model params) where the Triton AdamW applies, else False; decided once."""
         if self._fused_adamw is None:
-            supported = FusedAdamW.supports(self.optimizer, self.get_parameters())
-            self._fused_adamw = (FusedAdamW(self.optimizer), self._main_to_model_params()) if supported else False
+            self._fused_adamw = False
+            if FusedAdamW.supports(self.optimizer, self.get_parameters()):
+                fused = FusedAdamW(self.optimizer, exp_avg_dtype=self.config.exp_avg_dtype,
+                                   exp_avg_sq_dtype=self.config.exp_avg_sq_dtype)
+                self._fused_adamw = (fused, self._main_to_model_params())
         return self._fused_adamw
 
     def supports_device_veto(self) -> bool:
@@ -323,7 +327,8 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     @torch.no_grad()
     def step_with_ready_grads(self, skip: Optional[torch.Tensor] = None) -> bool:
         """AdamW on the main params and the copy into the model params: one Triton kernel on a GPU
-        (fusions/fused_adamw.py), else the inner optimizer's step followed by a foreach copy."""
+        (fusions/fused_adamw.py), else the inner optimizer's step (fusions/adamw_reference.py's where the Adam
+        moments are not fp32, which torch's AdamW cannot hold) followed by a foreach copy."""
         if self._fused():
             fused, model_of = self._fused()
             with self._timed("optimizer-inner-step"):
@@ -332,7 +337,11 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         if skip is not None:
             raise ValueError("this optimizer cannot skip an update on the device (supports_device_veto() is False)")
         with self._timed("optimizer-inner-step"):
-            self.optimizer.step()
+            moment_dtypes = (self.config.exp_avg_dtype, self.config.exp_avg_sq_dtype)
+            if moment_dtypes == (torch.float32, torch.float32):
+                self.optimizer.step()
+            else:
+                adamw_step(self.optimizer, *moment_dtypes, grad_scale=getattr(self.optimizer, "grad_scale", None))
         with self._timed("optimizer-copy-main-to-model-params"):
             self._copy_main_params_to_model_params()
         return True

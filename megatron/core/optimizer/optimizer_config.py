@@ -5,11 +5,53 @@ The training layer fills it from `--lr`, `--weight-decay`, `--adam-beta1`, `--cl
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 
 SUPPORTED_OPTIMIZERS = ("adam", "sgd")
+
+# The values of --main-grads-dtype, --main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype, as Megatron-LM
+# maps them (fp8 state is stored as uint8).
+DTYPE_OF_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}
+_NAME_OF_DTYPE = {dtype: name for name, dtype in DTYPE_OF_NAME.items()}
+# field: the dtypes built for it under --use-precision-aware-optimizer
+_PRECISION_AWARE_BUILT = {
+    "main_grads_dtype": (torch.float32,),
+    "main_params_dtype": (torch.float32,),
+    "exp_avg_dtype": (torch.float32, torch.bfloat16),
+    "exp_avg_sq_dtype": (torch.float32, torch.bfloat16),
+}
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def precision_aware_problems(config) -> List[str]:
+    """What is wrong with the precision-aware settings of `config`: an `OptimizerConfig`, or the validated
+    command line (its fields have the same names). As Megatron-LM: the precision-aware optimizer needs Adam and
+    the distributed optimizer, and without it every dtype must be fp32; and what is not built yet."""
+    problems = []
+    dtypes = {field: getattr(config, field) for field in _PRECISION_AWARE_BUILT}
+    if not config.use_precision_aware_optimizer:
+        for field, dtype in dtypes.items():
+            if dtype != torch.float32:
+                problems.append(f"{field} ({_flag(field)} {_NAME_OF_DTYPE.get(dtype, dtype)}) can only be fp32 when "
+                                "not using the precision-aware optimizer (--use-precision-aware-optimizer)")
+        return problems
+    if config.optimizer != "adam":
+        problems.append(f"use_precision_aware_optimizer (--use-precision-aware-optimizer) is only supported with "
+                        f"adam, got optimizer {config.optimizer!r} (--optimizer {config.optimizer})")
+    if not config.use_distributed_optimizer:
+        problems.append("use_precision_aware_optimizer (--use-precision-aware-optimizer) is only supported with the "
+                        "distributed optimizer (--use-distributed-optimizer)")
+    for field, dtype in dtypes.items():
+        built = _PRECISION_AWARE_BUILT[field]
+        if dtype not in built:
+            problems.append(f"{field} ({_flag(field)} {_NAME_OF_DTYPE.get(dtype, dtype)}) is not supported yet; "
+                            f"use {' or '.join(_NAME_OF_DTYPE[choice] for choice in built)}")
+    return problems
 
 
 @dataclass
@@ -84,6 +126,24 @@ class OptimizerConfig:
     overlap_param_gather_with_optimizer_step: bool = False
     """Overlap the first parameter all-gather with the optimizer step: not supported yet."""
 
+    # --- precision-aware optimizer -------------------------------------------------------------------
+    use_precision_aware_optimizer: bool = False
+    """Let the optimizer keep its state in lower precision (`--use-precision-aware-optimizer`; Adam and the
+    distributed optimizer only). Built: the Adam moments in bf16 (`exp_avg_dtype`, `exp_avg_sq_dtype`)."""
+
+    main_grads_dtype: torch.dtype = torch.float32
+    """dtype of the main gradients under the precision-aware optimizer (`--main-grads-dtype`): fp32 only so far."""
+
+    main_params_dtype: torch.dtype = torch.float32
+    """dtype of the main params under the precision-aware optimizer (`--main-params-dtype`): fp32 only so far."""
+
+    exp_avg_dtype: torch.dtype = torch.float32
+    """dtype Adam's first moment is stored in (`--exp-avg-dtype`): fp32, or bf16 with the precision-aware
+    optimizer (updated in fp32, rounded to nearest when stored)."""
+
+    exp_avg_sq_dtype: torch.dtype = torch.float32
+    """dtype Adam's second moment is stored in (`--exp-avg-sq-dtype`): as `exp_avg_dtype`."""
+
     # --- miscellaneous -------------------------------------------------------------------------------
     clip_grad: float = 1.0
     """Clip gradients to this global L2 norm; 0 turns clipping off (the norm is still reported)."""
@@ -114,5 +174,6 @@ class OptimizerConfig:
             problems.append(f"loss_scale (--loss-scale) must be positive, got {self.loss_scale}")
         if self.clip_grad < 0:
             problems.append(f"clip_grad (--clip-grad) must be >= 0 (0 disables clipping), got {self.clip_grad}")
+        problems.extend(precision_aware_problems(self))
         if problems:
             raise ValueError("invalid OptimizerConfig: " + "; ".join(problems))

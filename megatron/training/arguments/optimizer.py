@@ -12,6 +12,19 @@ def _add_optimizer_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     group.add_argument("--optimizer", default="adam",
                        choices=["adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"],
                        help="adam is AdamW (decoupled weight decay); sgd uses --sgd-momentum.")
+    group.add_argument("--use-precision-aware-optimizer", action="store_true",
+                       help="Let the optimizer keep state in lower precision (Adam and --use-distributed-optimizer "
+                            "only); what is built: --exp-avg-dtype / --exp-avg-sq-dtype bf16.")
+    group.add_argument("--main-grads-dtype", default="fp32", choices=["fp32", "bf16"],
+                       help="dtype of the main gradients with --use-precision-aware-optimizer (fp32 only so far).")
+    group.add_argument("--main-params-dtype", default="fp32", choices=["fp32", "fp16"],
+                       help="dtype of the main params with --use-precision-aware-optimizer (fp32 only so far).")
+    group.add_argument("--exp-avg-dtype", default="fp32", choices=["fp32", "fp16", "bf16", "fp8"],
+                       help="dtype Adam's first moment is stored in with --use-precision-aware-optimizer (fp32 or "
+                            "bf16 so far); the update itself computes in fp32.")
+    group.add_argument("--exp-avg-sq-dtype", default="fp32", choices=["fp32", "fp16", "bf16", "fp8"],
+                       help="dtype Adam's second moment is stored in with --use-precision-aware-optimizer (fp32 or "
+                            "bf16 so far); the update itself computes in fp32.")
     return parser
 
 

@@ -9,6 +9,7 @@ import re
 
 import torch
 
+from megatron.core.optimizer.optimizer_config import DTYPE_OF_NAME, precision_aware_problems
 from megatron.training.arguments.deprecated import translate_deprecated_args
 from megatron.training.arguments.reporting import is_rank_zero, print_rank_0, warn_rank_0
 from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
@@ -61,6 +62,15 @@ def _derive_precision(args, problems) -> None:
     if args.loss_scale is not None and args.loss_scale <= 0:
         problems.append(f"--loss-scale {args.loss_scale} must be positive")
     print_rank_0(f"using {args.params_dtype} for parameters ...")
+
+
+def _derive_optimizer_dtypes(args, problems) -> None:
+    """--main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype become torch dtypes (as
+    Megatron-LM's validate_args makes them), checked with the precision-aware optimizer's rules."""
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(args, name)
+        setattr(args, name, value if isinstance(value, torch.dtype) else DTYPE_OF_NAME[value])
+    problems.extend(precision_aware_problems(args))
 
 
 def _check_split(split: str, problems) -> None:
@@ -166,6 +176,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     check_run_length(args, problems)
     check_learning_rate(args, problems)
     _derive_precision(args, problems)
+    _derive_optimizer_dtypes(args, problems)
     check_fp8(args, problems)
     check_cuda_graph(args, problems)
     _check_data(args, problems)

@@ -124,7 +124,8 @@ def _optimizer_request(optimizer, chunks, state_dict: dict, checkpoint_dir) -> T
     if sharding_type in (None, FULLY_RESHARDABLE):
         prepare_optimizer_for_load(optimizer, entries)
         main_key = PLAIN_MAIN_PARAM_KEY if sharding_type is None else DISTRIBUTED_MAIN_PARAM_KEY
-        return model_space_sharded_state_dict(optimizer, chunks, main_key), lambda loaded_entry: None
+        request = model_space_sharded_state_dict(optimizer, chunks, main_key, is_loading=True)
+        return request, lambda loaded_entry: None
     if sharding_type != DP_RESHARDABLE:
         raise ValueError(
             f"checkpoint {checkpoint_dir}: the distributed optimizer's '{sharding_type}' layout (older Megatron-LM) "

@@ -55,7 +55,7 @@ def _load(ddp, optimizer, directory) -> None:
         return
     prepare_optimizer_for_load(optimizer, entries)
     main_key = "param" if entries[0].get("param_state_sharding_type") == FULLY_RESHARDABLE else "fp32_param"
-    request["optimizer"] = model_space_sharded_state_dict(optimizer, [ddp.module], main_key)
+    request["optimizer"] = model_space_sharded_state_dict(optimizer, [ddp.module], main_key, is_loading=True)
     load(request, directory)
 
 

@@ -1,5 +1,5 @@
 """The Triton AdamW (megatron/core/fusions/fused_adamw.py) against torch's AdamW followed by the copy into
-the bf16 model params.
+the bf16 model params, and with bf16 moments against fusions/adamw_reference.py's step.
 
 On a GPU the kernel runs compiled; on a CPU with Triton installed the same kernel runs in Triton's
 interpreter (TRITON_INTERPRET=1, set before Triton is imported, hence the subprocess). The interpreter
@@ -90,21 +90,103 @@ def check(device, exact_copy):
 """
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
-def test_fused_adamw_equals_torch_adamw_in_the_triton_interpreter():
-    program = CHECK.format(shapes=SHAPES) + "\ncheck('cpu', exact_copy=False)\n"
+# Moments in bf16 (and one in bf16, one in fp32), against fusions/adamw_reference.py. Before every step the
+# reference takes the kernel's params and its moments widened to fp32, and keeps fp32 moments: it computes the
+# exact fp32 values the kernel must store. bf16 moments must then be those values rounded to nearest even
+# (compiled Triton, and torch's cast) or truncated (the interpreter): at least 99% of the elements bit for bit
+# (the kernel's and torch's fp32 arithmetic may differ in the last bit, which can move a value across a
+# rounding boundary; the wrong rounding mode would miss about half), and all within one bf16 step (2^-7
+# relative) plus 1e-7 (the fp32 tolerance of the fp32 check above: (1 - beta1) is computed in fp32 in the
+# kernel, in double by torch, which shows where g - m cancels).
+CHECK_MOMENTS = """
+import torch
+from megatron.core.fusions.adamw_reference import adamw_step
+from megatron.core.fusions.fused_adamw import FusedAdamW
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+def truncated(values):
+    return (values.view(torch.int32) & -65536).view(torch.float32).bfloat16()
+
+
+def compare(optimizer, reference, main, shadow, compiled):
+    for ours, theirs in zip(main, shadow):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+        for key in ("exp_avg", "exp_avg_sq"):
+            kept, exact = optimizer.state[ours][key], reference.state[theirs][key]
+            if kept.dtype == FP32:
+                torch.testing.assert_close(kept, exact, rtol=1e-5, atol=1e-7)
+                continue
+            expected = exact.bfloat16() if compiled else truncated(exact)
+            assert (kept == expected).float().mean() >= 0.99, (key, (kept == expected).float().mean())
+            torch.testing.assert_close(kept.float(), exact, rtol=2**-7, atol=1e-7)
+
+
+def check(device, compiled):
+    torch.manual_seed(0)
+    for exp_avg_dtype, exp_avg_sq_dtype in ((BF16, BF16), (BF16, FP32), (FP32, BF16)):
+        main = [torch.randn(shape, device=device) for shape in {shapes}]
+        model = [param.bfloat16() for param in main[:-1]]
+        groups = lambda params: [{{"params": params[:2], "weight_decay": 0.1}},
+                                 {{"params": params[2:], "weight_decay": 0.0, "lr": 3e-3}}]
+        optimizer = torch.optim.AdamW(groups(main), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+        fused = FusedAdamW(optimizer, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
+        for step in range(4):
+            if step == 3:  # a checkpoint load gave one param fp32 moments: two launches in one step
+                state = optimizer.state[main[0]]
+                state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].float(), state["exp_avg_sq"].float()
+            shadow = [param.clone() for param in main]
+            reference = torch.optim.AdamW(groups(shadow), lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+            for ours, theirs in zip(main, shadow):
+                if optimizer.state[ours]:
+                    reference.state[theirs] = {{key: value.float().clone() for key, value in
+                                                optimizer.state[ours].items()}}
+                ours.grad = torch.randn_like(ours)
+                theirs.grad = ours.grad.clone()
+            grad_scale = torch.tensor([1.0 + step], device=device) if step % 2 else None
+            adamw_step(reference, FP32, FP32, grad_scale)
+            fused.step(dict(zip(main, model)), grad_scale)
+            for param in main[1:]:
+                assert optimizer.state[param]["exp_avg"].dtype == exp_avg_dtype
+                assert optimizer.state[param]["exp_avg_sq"].dtype == exp_avg_sq_dtype
+            compare(optimizer, reference, main, shadow, compiled)
+"""
+
+
+def _in_the_interpreter(program: str) -> None:
     environment = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(program)], env=environment,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
+def test_fused_adamw_equals_torch_adamw_in_the_triton_interpreter():
+    _in_the_interpreter(CHECK.format(shapes=SHAPES) + "\ncheck('cpu', exact_copy=False)\n")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
+def test_bf16_moments_equal_the_reference_step_in_the_triton_interpreter():
+    _in_the_interpreter(CHECK_MOMENTS.format(shapes=SHAPES) + "\ncheck('cpu', compiled=False)\n")
+
+
+def _on_the_gpu(program: str, **options) -> None:
+    namespace = {}
+    exec(program, namespace)
+    namespace["check"]("cuda", **options)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fused_adamw_equals_torch_adamw_on_the_gpu():
-    namespace = {}
-    exec(CHECK.format(shapes=SHAPES), namespace)
-    namespace["check"]("cuda", exact_copy=True)
+    _on_the_gpu(CHECK.format(shapes=SHAPES), exact_copy=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_moments_equal_the_reference_step_on_the_gpu():
+    _on_the_gpu(CHECK_MOMENTS.format(shapes=SHAPES), compiled=True)
 
 
 def test_supports_only_what_the_kernel_computes():

@@ -75,6 +75,11 @@ def test_banner_names_the_kernels_of_attention_norms_and_optimizer(monkeypatch):
     args = _args(monkeypatch, "--mock-data", "--attention-backend", "unfused", "--optimizer", "sgd")
     text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
     assert "  attention: unfused matmul-softmax-matmul" in text and "  optimizer: torch SGD" in text
+    args = _args(monkeypatch, "--mock-data", "--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                 "--exp-avg-dtype", "bf16")
+    text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
+    assert f"  optimizer: {adam_step_kernel(device_type, True, True)}; apex FusedAdam is not used" in text
+    assert ", bf16 moments; apex" in text
     load_flash_attention.cache_clear()
     load_fused_norms.cache_clear()
 

@@ -118,8 +118,8 @@ def test_t5_parameter_count_is_the_models(single_rank, flags):
     assert parameters_per_rank(args)["first stage"] == numel
 
 
-def _measure(args):
-    """(static bytes, dynamic peak bytes of a steady-state training step)."""
+def _trained_once(args):
+    """(model, optimizer, a training step) after one step: the optimizer's state exists."""
     config = core_transformer_config_from_args(args)
     model = _gpt(args)
     if args.bf16:
@@ -137,17 +137,30 @@ def _measure(args):
         optimizer.step()
 
     step()
-    static = sum(param.numel() * param.element_size() for param in model.parameters())
-    static += sum(buffer.grad_data.numel() * buffer.grad_data.element_size()
-                  for buffer in model.buffers + model.expert_parallel_buffers)
+    return model, optimizer, step
+
+
+def _optimizer_bytes(optimizer, args) -> int:
+    """The live optimizer state: Adam's tensors (not the step counts) and the fp32 main copies of bf16 weights."""
+    total = 0
     # With experts, one optimizer for the dense and one for the expert parameters.
     for inner in (chained.optimizer for chained in getattr(optimizer, "chained_optimizers", [optimizer])):
         for group in inner.param_groups:
             for main_param in group["params"]:
-                static += sum(state.numel() * state.element_size() for state in inner.state[main_param].values()
-                              if torch.is_tensor(state) and state.dim() > 0)
-                if args.bf16:  # fp32 main copies of the bf16 weights
-                    static += main_param.numel() * main_param.element_size()
+                total += sum(state.numel() * state.element_size() for state in inner.state[main_param].values()
+                             if torch.is_tensor(state) and state.dim() > 0)
+                if args.bf16:
+                    total += main_param.numel() * main_param.element_size()
+    return total
+
+
+def _measure(args):
+    """(static bytes, dynamic peak bytes of a steady-state training step)."""
+    model, optimizer, step = _trained_once(args)
+    static = sum(param.numel() * param.element_size() for param in model.parameters())
+    static += sum(buffer.grad_data.numel() * buffer.grad_data.element_size()
+                  for buffer in model.buffers + model.expert_parallel_buffers)
+    static += _optimizer_bytes(optimizer, args)
     with PeakTensorMemory() as tracker:
         step()
     return static, tracker.peak
@@ -166,3 +179,38 @@ def test_memory_estimate_is_close_to_measured_peak(single_rank, flags):
     total = estimate.total_full_recompute if recompute else estimate.total
     assert activations == pytest.approx(dynamic, rel=0.25)
     assert total == pytest.approx(static + dynamic, rel=0.20)
+
+
+BF16_MOMENTS = ("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16")
+
+
+@pytest.mark.parametrize("flags, bytes_per_parameter", [((), 4 + 8), (BF16_MOMENTS, 4 + 4),
+                                                        (BF16_MOMENTS[:3], 4 + 2 + 4)])
+def test_optimizer_estimate_counts_the_moments_dtype(single_rank, flags, bytes_per_parameter):
+    """The distributed optimizer's live state after a step (bf16 weights: fp32 main copies, then the moments)
+    is the estimate's optimizer share, byte for byte."""
+    args = _args("--bf16", "--use-distributed-optimizer", *flags)
+    _, optimizer, _ = _trained_once(args)
+    estimate = estimate_memory(args, num_microbatches=1)
+    assert estimate.optimizer == _optimizer_bytes(optimizer, args) == estimate.parameters * bytes_per_parameter
+
+
+def test_bf16_moments_take_4_bytes_per_parameter_off_the_llama_3_6b():
+    """The issue's model (3.61B parameters, one GPU): 2 (bf16 weight) + 4 (fp32 gradient) + 4 (fp32 main param)
+    + 8 (fp32 moments) = 18 bytes per parameter, 14 with bf16 moments: 13.4 GiB less."""
+    flags = ("--num-layers 28 --hidden-size 3072 --num-attention-heads 24 --group-query-attention --num-query-groups "
+             "8 --ffn-hidden-size 8192 --swiglu --normalization RMSNorm --position-embedding-type rope "
+             "--untie-embeddings-and-output-weights --disable-bias-linear --seq-length 4096 --max-position-embeddings "
+             "4096 --micro-batch-size 2 --train-iters 10 --lr 1e-4 --bf16 --use-distributed-optimizer").split()
+    estimates = {}
+    for name, extra in (("fp32", ()), ("bf16", BF16_MOMENTS)):
+        args = validate_args(parse_args(args_list=[*flags, *extra]))
+        args.padded_vocab_size = 128256
+        estimates[name] = estimate_memory(args, num_microbatches=1)
+    parameters = estimates["fp32"].parameters
+    assert parameters == 3_606_752_256
+    for name, bytes_per_parameter in (("fp32", 18), ("bf16", 14)):
+        estimate = estimates[name]
+        assert estimate.weights + estimate.gradients + estimate.optimizer == parameters * bytes_per_parameter
+    saved = estimates["fp32"].total - estimates["bf16"].total
+    assert saved == 4 * parameters and round(saved / 1024**3, 1) == 13.4
