@@ -1,40 +1,4 @@
-"""Flags for surviving faults and checking a run before it starts: bad steps (non-finite values, loss
-spikes), resuming from the latest complete checkpoint, and the dry run.
-
-Megatron's names where Megatron has the flag (--check-for-nan-in-loss-and-grad, --check-for-spiky-loss);
-the others are this project's, documented in the README's flag section.
-"""
-
-import argparse
-
-BAD_STEP_POLICIES = ("stop", "skip")
-
-
-def _add_resilience_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    group = parser.add_argument_group(title="resilience")
-    group.add_argument("--check-for-nan-in-loss-and-grad", action="store_true", default=True,
-                       dest="check_for_nan_in_loss_and_grad",
-                       help="Check every rank's loss and gradients for NaN/Inf each iteration (default on; "
-                            "--no-check-for-nan-in-loss-and-grad turns it off).")
-    group.add_argument("--check-for-spiky-loss", action="store_true",
-                       help="Treat a loss above --spiky-loss-factor x the recent mean as a bad step.")
-    group.add_argument("--spiky-loss-factor", type=float, default=10.0,
-                       help="A loss above this many times the mean of the last --spiky-loss-window "
-                            "iterations is a spike (default 10).")
-    group.add_argument("--spiky-loss-window", type=int, default=10,
-                       help="Accepted iterations whose mean loss a new loss is compared with (default 10).")
-    group.add_argument("--bad-step-policy", default="stop", choices=BAD_STEP_POLICIES,
-                       help="On a non-finite loss/gradient or a loss spike: stop (save the last good state, "
-                            "exit 17) or skip the update (up to --bad-step-skip-budget times, then stop).")
-    group.add_argument("--bad-step-skip-budget", type=int, default=10,
-                       help="Bad steps --bad-step-policy skip may skip in one run before it stops (default 10).")
-    group.add_argument("--auto-resume", action="store_true",
-                       help="Resume from the latest complete checkpoint in --save (--load defaults to --save); "
-                            "start afresh when there is none.")
-    group.add_argument("--dry-run", action="store_true",
-                       help="Validate the arguments for WORLD_SIZE ranks, print the layout, parameters, memory "
-                            "per GPU and FLOPs per iteration, and exit without training (no GPU needed).")
-    return parser
+"""Validation of the resilience flags (megatron/training/config/resilience.py)."""
 
 
 def check_resilience(args, problems: list) -> None:

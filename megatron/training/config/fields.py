@@ -25,7 +25,8 @@ default and its help the docstring under it. What argparse needs is read off the
     anything else                       `flag(type=..., action=...)` says it
 
 `flag()` gives the rest: other or extra `names`, `choices`, `nargs`, `type`, `action`, `metavar`, `hidden`
-(kept out of --help). `Section.add_to(parser)` adds a class's flags as one argument group titled
+(kept out of --help), and `off`: the names of a second flag that turns an on-by-default switch off (for a
+switch that has both spellings, `--check-for-nan-in-loss-and-grad` and `--no-check-for-nan-in-loss-and-grad`). `Section.add_to(parser)` adds a class's flags as one argument group titled
 `TITLE`; `Section.from_namespace(args)` builds the section from parsed arguments.
 """
 
@@ -44,10 +45,10 @@ _UNSET = object()
 
 
 def flag(default=_UNSET, *, default_factory=_UNSET, names: tuple = (), choices=None, nargs=None, type=None,
-         action=None, metavar=None, hidden: bool = False):
+         action=None, metavar=None, hidden: bool = False, off: tuple = ()):
     """A dataclass field with argparse details that the annotation and default do not say."""
     options = {"names": tuple(names), "choices": choices, "nargs": nargs, "type": type, "action": action,
-               "metavar": metavar, "hidden": hidden}
+               "metavar": metavar, "hidden": hidden, "off": tuple(off)}
     metadata = {_META: options}
     if default_factory is not _UNSET:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
@@ -135,9 +136,15 @@ class Section:
         for field in dataclasses.fields(cls):
             names, kwargs = argparse_kwargs(cls, field)
             group.add_argument(*names, **kwargs)
+            off = field.metadata.get(_META, {}).get("off")
+            if off:
+                group.add_argument(*off, dest=field.name, action="store_false", default=kwargs["default"],
+                                   help=f"Turns {names[0]} off.")
         return parser
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace):
-        """The section's values as parsed (and validated) into `args`."""
-        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+        """The section's values as parsed (and validated) into `args`; a field missing from `args` (a shorthand
+        flag that validation translated and removed) takes its default."""
+        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)
+                      if hasattr(args, field.name)})
