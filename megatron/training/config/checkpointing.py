@@ -100,3 +100,28 @@ class CheckpointingConfig(Section):
 
     non_persistent_global_ckpt_dir: str | None = None
     """Directory of global non-persistent checkpoints."""
+
+    def derived(self) -> dict:
+        """A conversion (--ckpt-convert-format) has nothing to do without a checkpoint: it exits."""
+        return {"exit_on_missing_checkpoint": self.exit_on_missing_checkpoint or self.ckpt_convert_format is not None}
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.save is not None and self.save_interval is None:
+            problems.append("--save needs --save-interval")
+        if self.save_interval is not None and self.save_interval < 1:
+            problems.append(f"--save-interval {self.save_interval} must be positive")
+        if self.save_retain_interval is not None:
+            if self.save_interval is None or self.save_retain_interval % self.save_interval:
+                problems.append(f"--save-retain-interval {self.save_retain_interval} must be a multiple of "
+                                f"--save-interval {self.save_interval}")
+        if self.async_save and self.ckpt_format != "torch_dist":
+            problems.append(f"--async-save needs --ckpt-format torch_dist (this run has --ckpt-format "
+                            f"{self.ckpt_format})")
+        if self.ckpt_convert_format is not None:
+            missing = [flag_name for flag_name, value in (("--ckpt-convert-save", self.ckpt_convert_save),
+                                                          ("--load", self.load)) if value is None]
+            if missing:
+                problems.append(f"--ckpt-convert-format {self.ckpt_convert_format} needs {' and '.join(missing)}: "
+                                "the checkpoint under --load is saved again under <--ckpt-convert-save>/<format>")
+        return problems

@@ -142,6 +142,17 @@ class Section:
                                    help=f"Turns {names[0]} off.")
         return parser
 
+    def validate(self) -> list[str]:
+        """The problems of this section's own flags (rules that involve no other section), each message
+        naming the flags and values involved; rules across sections live with the argument validation."""
+        return []
+
+    def derived(self) -> dict:
+        """{dest: value} that validation writes into the arguments for this section alone: flags left unset
+        that default to other flags of the section, and Megatron's couplings between them. Values that need
+        several sections are derived with the argument validation."""
+        return {}
+
     @classmethod
     def from_namespace(cls, args: argparse.Namespace):
         """The section's values as parsed (and validated) into `args`; a field missing from `args` (a shorthand

@@ -101,3 +101,12 @@ class LoggingConfig(Section):
 
     memory_snapshot_path: str = "snapshot.pickle"
     """Where --record-memory-history writes its snapshot (<base>_<rank><ext>)."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.log_interval < 1:
+            problems.append(f"--log-interval {self.log_interval} must be positive")
+        if self.profile and self.profile_step_end <= self.profile_step_start:
+            problems.append(f"--profile-step-end {self.profile_step_end} must be above --profile-step-start "
+                            f"{self.profile_step_start} (iterations start to end - 1 are profiled)")
+        return problems

@@ -1,7 +1,14 @@
-"""The model's flags: shape ("network size"), initialisation and kernel fusion, as in Megatron-LM's groups."""
+"""The model's flags: shape ("network size"), initialisation and kernel fusion, as in Megatron-LM's groups.
+
+Megatron's defaults for the widths left unset:
+
+    ffn_hidden_size = 4h, or int(4h * 2/3 / 64) * 64 with SwiGLU (two fc1 halves, about the same params)
+    kv_channels     = h / heads
+"""
 
 from dataclasses import dataclass
 
+from megatron.core.model_parallel_config import legal_sizes
 from megatron.training.config.fields import Section, flag
 
 
@@ -116,6 +123,72 @@ class NetworkSizeConfig(Section):
     spec: list[str] | None = flag(None, nargs="*")
     """<module> <function> returning a custom layer spec, or 'local'."""
 
+    @property
+    def layers(self) -> int | None:
+        """--num-layers, or --encoder-num-layers when only that is given (T5)."""
+        return self.num_layers if self.num_layers is not None else self.encoder_num_layers
+
+    def layer_flags_conflict(self) -> bool:
+        return None not in (self.num_layers, self.encoder_num_layers) and self.num_layers != self.encoder_num_layers
+
+    def size_problems(self) -> list[str]:
+        """The required sizes that are missing or not positive (the widths are derived only without these)."""
+        problems = []
+        for flag_name, value in (("--num-layers", self.layers), ("--hidden-size", self.hidden_size),
+                                 ("--num-attention-heads", self.num_attention_heads),
+                                 ("--max-position-embeddings", self.max_position_embeddings)):
+            if value is None:
+                problems.append(f"{flag_name} is required")
+            elif value < 1:
+                problems.append(f"{flag_name} {value} must be positive")
+        return problems
+
+    def default_ffn_hidden_size(self) -> int:
+        """Megatron's MLP width for an unset --ffn-hidden-size (module docstring)."""
+        h = self.hidden_size
+        return int((4 * h * 2 / 3) / 64) * 64 if self.swiglu else 4 * h
+
+    def default_kv_channels(self) -> int | None:
+        """h / heads for an unset --kv-channels; None when the heads do not divide h."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        return None if h % heads else h // heads
+
+    def derived(self) -> dict:
+        values = {}
+        if not self.layer_flags_conflict():
+            values["num_layers"] = values["encoder_num_layers"] = self.layers
+        if not self.size_problems():
+            if self.ffn_hidden_size is None:
+                values["ffn_hidden_size"] = self.default_ffn_hidden_size()
+            if self.kv_channels is None and self.default_kv_channels() is not None:
+                values["kv_channels"] = self.default_kv_channels()
+        if self.add_bias_linear:
+            values["add_qkv_bias"] = True  # with biases on, the QKV bias is on too (Megatron keeps them in sync)
+        return values
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.layer_flags_conflict():
+            problems.append(f"give --num-layers or --encoder-num-layers, not both (got {self.num_layers} and "
+                            f"{self.encoder_num_layers})")
+        size_problems = self.size_problems()
+        problems += size_problems
+        h, heads = self.hidden_size, self.num_attention_heads
+        if not size_problems and self.ffn_hidden_size is None and self.swiglu and self.default_ffn_hidden_size() == 0:
+            problems.append(f"--swiglu's default --ffn-hidden-size int(8 x {h} / 3 / 64) x 64 is 0 for "
+                            f"--hidden-size {h}; pass --ffn-hidden-size")
+        if not size_problems and self.kv_channels is None and self.default_kv_channels() is None:
+            problems.append(f"--hidden-size {h} is not divisible by --num-attention-heads {heads} "
+                            f"({h / heads:.2f} per head); pass --kv-channels or use a head count in "
+                            f"{legal_sizes(h)}")
+        activations = [flag_name for flag_name, on in (("--swiglu", self.swiglu), ("--squared-relu", self.squared_relu),
+                                                       ("--quick-geglu", self.quick_geglu)) if on]
+        if len(activations) > 1:
+            problems.append(f"choose one activation: {' and '.join(activations)} were both given")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            problems.append(f"--rotary-percent {self.rotary_percent} must be in (0, 1]")
+        return problems
+
 
 @dataclass(kw_only=True)
 class InitializationConfig(Section):
@@ -180,3 +253,17 @@ class KernelFusionConfig(Section):
     cuda_graph_modules: list[str] = flag(default_factory=list, nargs="*")
     """Parts of each layer captured by per-layer CUDA graphs (not built yet; must be empty with
     --cuda-graph-impl full_iteration)."""
+
+    def validate(self) -> list[str]:
+        if self.cuda_graph_impl in ("local", "transformer_engine"):
+            return [f"--cuda-graph-impl {self.cuda_graph_impl}: per-layer CUDA graphs are not supported yet; use "
+                    "--cuda-graph-impl full_iteration (one graph for the whole forward and backward pass)"]
+        if self.cuda_graph_impl != "full_iteration":
+            return []
+        problems = []
+        if self.cuda_graph_modules:
+            problems.append(f"--cuda-graph-modules {' '.join(self.cuda_graph_modules)} must be empty with "
+                            "--cuda-graph-impl full_iteration (it captures the whole iteration)")
+        if self.cuda_graph_warmup_steps < 1:
+            problems.append(f"--cuda-graph-warmup-steps {self.cuda_graph_warmup_steps} must be at least 1")
+        return problems

@@ -6,7 +6,10 @@ size when the scheduler is built (as Megatron-LM's `OptimizerParamScheduler`, wh
 
 from dataclasses import dataclass
 
+from megatron.core.optimizer.optimizer_config import DTYPE_OF_NAME
 from megatron.training.config.fields import Section, flag
+
+_STATE_DTYPE_FLAGS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
 
 
 @dataclass(kw_only=True)
@@ -35,6 +38,10 @@ class OptimizerChoiceConfig(Section):
     exp_avg_sq_dtype: str = flag("fp32", choices=("fp32", "fp16", "bf16", "fp8"))
     """dtype Adam's second moment is stored in with --use-precision-aware-optimizer (fp32 or bf16 so far); the
     update itself computes in fp32."""
+
+    def derived(self) -> dict:
+        """The four state dtype flags as torch dtypes, as Megatron-LM's validation makes them."""
+        return {name: DTYPE_OF_NAME.get(getattr(self, name), getattr(self, name)) for name in _STATE_DTYPE_FLAGS}
 
 
 @dataclass(kw_only=True)
@@ -75,6 +82,22 @@ class RegularizationConfig(Section):
 
     sgd_momentum: float = 0.9
     """SGD momentum."""
+
+    def derived(self) -> dict:
+        """With the constant style, the weight-decay ramp starts and ends at --weight-decay."""
+        if self.weight_decay_incr_style == "constant":
+            return {"start_weight_decay": self.weight_decay, "end_weight_decay": self.weight_decay}
+        return {}
+
+    def validate(self) -> list[str]:
+        if self.weight_decay_incr_style == "constant":
+            if {self.start_weight_decay, self.end_weight_decay} - {None, self.weight_decay}:
+                return ["--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine; "
+                        "with constant use --weight-decay"]
+        elif self.start_weight_decay is None or self.end_weight_decay is None:
+            return [f"--weight-decay-incr-style {self.weight_decay_incr_style} needs --start-weight-decay and "
+                    f"--end-weight-decay"]
+        return []
 
 
 @dataclass(kw_only=True)
@@ -132,3 +155,13 @@ class LearningRateConfig(Section):
 
     decoupled_min_lr: float | None = None
     """Minimum learning rate for the embedding and output layer."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.lr is not None and self.min_lr > self.lr:
+            problems.append(f"--min-lr {self.min_lr} must be <= --lr {self.lr}")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
+            problems.append(f"--lr-warmup-fraction {self.lr_warmup_fraction} must be in [0, 1]")
+        if self.lr_decay_style == "WSD" and self.lr_wsd_decay_iters is None and self.lr_wsd_decay_samples is None:
+            problems.append("--lr-decay-style WSD needs --lr-wsd-decay-iters (or --lr-wsd-decay-samples)")
+        return problems

@@ -4,9 +4,15 @@ The dense ranks factor as world = TP x CP x DP x PP (rank order `tp-cp-ep-dp-pp`
 given: validation derives it as world / (TP x PP x CP).
 """
 
+import math
 import os
 from dataclasses import dataclass
 
+from megatron.core.transformer.context_parallel.context_parallel_attention import (
+    CP_COMM_TYPES,
+    CP_COMM_TYPES_NOT_YET,
+    canonical_cp_comm_type,
+)
 from megatron.training.config.fields import Section, flag
 
 
@@ -121,3 +127,100 @@ class DistributedConfig(Section):
     # torch.distributed.launch passes --local_rank; torchrun sets LOCAL_RANK.
     local_rank: int = flag(default_factory=_launcher_local_rank, names=("--local-rank", "--local_rank"))
     """Local rank from the launcher (default: LOCAL_RANK)."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        """TP x PP x CP: the ranks of one model replica."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+
+    def layout(self) -> str:
+        """'TP 4 x PP 1 x CP 1', for messages."""
+        return (f"TP {self.tensor_model_parallel_size} x PP {self.pipeline_model_parallel_size} "
+                f"x CP {self.context_parallel_size}")
+
+    def data_parallel_size(self, world_size: int) -> int | None:
+        """world size / (TP x PP x CP); None when the sizes are not positive or do not divide the world."""
+        if self.size_problems() or world_size % self.model_parallel_size:
+            return None
+        return world_size // self.model_parallel_size
+
+    @property
+    def effective_sequence_parallel(self) -> bool:
+        """Megatron turns sequence parallelism off at TP = 1, so that the numerics do not change."""
+        return self.sequence_parallel and self.tensor_model_parallel_size != 1
+
+    @property
+    def effective_expert_tensor_parallel_size(self) -> int:
+        """--expert-tensor-parallel-size, by default TP."""
+        if self.expert_tensor_parallel_size is None:
+            return self.tensor_model_parallel_size
+        return self.expert_tensor_parallel_size
+
+    def derived(self) -> dict:
+        return {"transformer_pipeline_model_parallel_size": self.pipeline_model_parallel_size,
+                "expert_tensor_parallel_size": self.effective_expert_tensor_parallel_size,
+                "sequence_parallel": self.effective_sequence_parallel}
+
+    def size_problems(self) -> list[str]:
+        return [f"{flag_name} {size} must be at least 1" for flag_name, size in (
+            ("--tensor-model-parallel-size", self.tensor_model_parallel_size),
+            ("--pipeline-model-parallel-size", self.pipeline_model_parallel_size),
+            ("--context-parallel-size", self.context_parallel_size),
+            ("--expert-model-parallel-size", self.expert_model_parallel_size),
+        ) if size < 1]
+
+    def pipeline_flag_problems(self) -> list[str]:
+        """At most one way of asking for virtual stages / a layout, with positive counts."""
+        given = [flag_name for flag_name, value in (
+            ("--num-layers-per-virtual-pipeline-stage", self.num_layers_per_virtual_pipeline_stage),
+            ("--num-virtual-stages-per-pipeline-rank", self.num_virtual_stages_per_pipeline_rank),
+            ("--pipeline-model-parallel-layout", self.pipeline_model_parallel_layout),
+        ) if value is not None]
+        if len(given) > 1:
+            return [f"give at most one of {', '.join(given)}"]
+        for flag_name, value in (
+                ("--num-layers-per-virtual-pipeline-stage", self.num_layers_per_virtual_pipeline_stage),
+                ("--num-virtual-stages-per-pipeline-rank", self.num_virtual_stages_per_pipeline_rank),
+                ("--decoder-first-pipeline-num-layers", self.decoder_first_pipeline_num_layers),
+                ("--decoder-last-pipeline-num-layers", self.decoder_last_pipeline_num_layers)):
+            if value is not None and value < 1:
+                return [f"{flag_name} {value} must be positive"]
+        uneven = self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
+        if self.num_layers_per_virtual_pipeline_stage is not None and uneven:
+            return ["with --decoder-first/last-pipeline-num-layers give the virtual stages as "
+                    "--num-virtual-stages-per-pipeline-rank"]
+        return []
+
+    def validate(self) -> list[str]:
+        problems = self.size_problems()
+        if self.pipeline_model_parallel_size >= 1:
+            problems += self.pipeline_flag_problems()
+        if self.tp_comm_overlap and not self.effective_sequence_parallel:
+            problems.append("--tp-comm-overlap needs --sequence-parallel (with --tensor-model-parallel-size > 1)")
+        if self.overlap_param_gather:
+            if not (self.use_distributed_optimizer or self.use_megatron_fsdp):
+                problems.append("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")
+            if not self.overlap_grad_reduce:
+                problems.append("--overlap-param-gather needs --overlap-grad-reduce")
+        if self.effective_expert_tensor_parallel_size < 1:
+            problems.append(f"--expert-tensor-parallel-size {self.effective_expert_tensor_parallel_size} must be at "
+                            "least 1")
+        return problems + self._context_parallel_problems()
+
+    def _context_parallel_problems(self) -> list[str]:
+        """--cp-comm-type and its hierarchical sizes (the per-layer count is checked with the model's layers)."""
+        problems = []
+        cp, hierarchical = self.context_parallel_size, self.hierarchical_context_parallel_sizes
+        if hierarchical and math.prod(hierarchical) != cp:
+            problems.append(f"--hierarchical-context-parallel-sizes {hierarchical} multiply to "
+                            f"{math.prod(hierarchical)}, not --context-parallel-size {cp}")
+        if "a2a+p2p" in self.cp_comm_type and not hierarchical:
+            problems.append("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
+        if cp == 1:
+            return problems
+        for name in dict.fromkeys(self.cp_comm_type):
+            if canonical_cp_comm_type(name) in CP_COMM_TYPES_NOT_YET:
+                problems.append(f"--cp-comm-type {name} is not supported yet; use p2p (ring) or allgather")
+            elif canonical_cp_comm_type(name) not in CP_COMM_TYPES:
+                problems.append(f"--cp-comm-type {name} is not one of p2p, allgather, a2a, a2a+p2p")
+        return problems

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import torch
+
 from megatron.training.config.fields import Section, flag
 
 
@@ -49,6 +51,45 @@ class MixedPrecisionConfig(Section):
 
     fp16_lm_cross_entropy: bool = False
     """Compute the unreduced LM cross-entropy in fp16 (with --fp16)."""
+
+    @property
+    def params_dtype(self) -> torch.dtype:
+        """The parameters' dtype: float16 with --fp16, bfloat16 with --bf16, else float32."""
+        if self.fp16 and not self.bf16:
+            return torch.float16
+        return torch.bfloat16 if self.bf16 and not self.fp16 else torch.float32
+
+    @property
+    def dynamic_loss_scaling(self) -> bool:
+        """fp16 without --loss-scale: an inf/nan gradient is then the scaler's signal, not an error."""
+        return self.params_dtype == torch.float16 and not self.loss_scale
+
+    def derived(self) -> dict:
+        """The parameters' dtype, and --apply-query-key-layer-scaling implying --attention-softmax-in-fp32."""
+        return {"params_dtype": self.params_dtype,
+                "attention_softmax_in_fp32": self.attention_softmax_in_fp32 or self.apply_query_key_layer_scaling,
+                "accumulate_allreduce_grads_in_fp32": self.effective_accumulate_allreduce_grads_in_fp32}
+
+    @property
+    def effective_accumulate_allreduce_grads_in_fp32(self) -> bool:
+        """With --bf16, gradients are accumulated and reduced in fp32 unless --grad-reduce-in-bf16."""
+        if self.params_dtype == torch.bfloat16:
+            return not self.grad_reduce_in_bf16
+        return self.accumulate_allreduce_grads_in_fp32
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.fp16 and self.bf16:
+            problems.append("--fp16 and --bf16 are mutually exclusive")
+        if self.grad_reduce_in_bf16 and not self.bf16:
+            problems.append("--grad-reduce-in-bf16 needs --bf16")
+        if self.fp16_lm_cross_entropy and not self.fp16:
+            problems.append("--fp16-lm-cross-entropy needs --fp16")
+        if self.fp32_residual_connection and not (self.fp16 or self.bf16):
+            problems.append("--fp32-residual-connection needs --fp16 or --bf16")
+        if self.loss_scale is not None and self.loss_scale <= 0:
+            problems.append(f"--loss-scale {self.loss_scale} must be positive")
+        return problems
 
 
 @dataclass(kw_only=True)
@@ -101,3 +142,18 @@ class LowPrecisionConfig(Section):
 
     te_rng_tracker: bool = False
     """Use Transformer Engine's random-number tracker."""
+
+    def validate(self) -> list[str]:
+        if self.fp8 is None:
+            if self.first_last_layers_bf16:
+                return ["--first-last-layers-bf16 needs --fp8-format (it keeps layers out of FP8 training)"]
+            return []
+        problems = []
+        if self.fp8_amax_history_len < 1:
+            problems.append(f"--fp8-amax-history-len {self.fp8_amax_history_len} must be >= 1")
+        delayed_only = (self.fp8_amax_history_len, self.fp8_amax_compute_algo) != (1, "most_recent")
+        if self.fp8_recipe == "tensorwise" and delayed_only:
+            problems.append(f"--fp8-amax-history-len {self.fp8_amax_history_len} / --fp8-amax-compute-algo "
+                            f"{self.fp8_amax_compute_algo} belong to --fp8-recipe delayed: tensorwise scales each "
+                            "tensor by its own amax")
+        return problems

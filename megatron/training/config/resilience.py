@@ -47,3 +47,14 @@ class ResilienceConfig(Section):
     dry_run: bool = False
     """Validate the arguments for WORLD_SIZE ranks, print the layout, parameters, memory per GPU and FLOPs per
     iteration, and exit without training (no GPU needed)."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.spiky_loss_factor <= 1.0:
+            problems.append(f"--spiky-loss-factor {self.spiky_loss_factor} must be above 1 (a loss this many times "
+                            "the recent mean is a spike)")
+        if self.spiky_loss_window < 1:
+            problems.append(f"--spiky-loss-window {self.spiky_loss_window} must be at least 1")
+        if self.bad_step_skip_budget < 0:
+            problems.append(f"--bad-step-skip-budget {self.bad_step_skip_budget} must be >= 0")
+        return problems

@@ -2,10 +2,12 @@
 
 import argparse
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from megatron.training.config.checkpointing import CheckpointingConfig
 from megatron.training.config.data import DataConfig
+from megatron.training.config.fields import argparse_kwargs
 from megatron.training.config.logging import LoggingConfig
 from megatron.training.config.model import InitializationConfig, KernelFusionConfig, NetworkSizeConfig
 from megatron.training.config.moe import MoEConfig
@@ -44,8 +46,19 @@ class RunConfig:
         return tuple(field.type for field in dataclasses.fields(cls))
 
     @classmethod
+    @functools.cache
+    def flag_names(cls) -> dict:
+        """{dest: the flag that sets it}, e.g. {"fp8": "--fp8-format"}, for messages."""
+        return {field.name: argparse_kwargs(section, field)[0][0]
+                for section in cls.section_classes() for field in dataclasses.fields(section)}
+
+    @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> "RunConfig":
         return cls(**{field.name: field.type.from_namespace(args) for field in dataclasses.fields(cls)})
 
     def sections(self) -> tuple:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+
+    def as_dict(self) -> dict:
+        """{dest: value} of every flag of every section."""
+        return {name: value for section in self.sections() for name, value in vars(section).items()}

@@ -1,5 +1,6 @@
 """Batch size, run length, activation recomputation, exit conditions, evaluation and autoresume flags."""
 
+import signal
 from dataclasses import dataclass
 
 from megatron.training.config.fields import Section, flag
@@ -89,6 +90,69 @@ class TrainingConfig(Section):
     use_cpu_initialization: bool | None = flag(None, action="store_true")
     """Initialise full weights on the CPU then split them (same init for every TP size)."""
 
+    @property
+    def effective_recompute_granularity(self) -> str | None:
+        """--recompute-granularity, with the --recompute-activations shorthand for selective."""
+        return "selective" if self.recompute_activations else self.recompute_granularity
+
+    @property
+    def effective_exit_signal(self) -> signal.Signals:
+        """--exit-signal as a `signal.Signals` (a validated namespace already holds one)."""
+        return signal.Signals[self.exit_signal] if isinstance(self.exit_signal, str) else self.exit_signal
+
+    def derived(self) -> dict:
+        return {"recompute_granularity": self.effective_recompute_granularity,
+                "exit_signal": self.effective_exit_signal}
+
+    def validate(self) -> list[str]:
+        problems = self._batch_problems() + self._length_problems() + self._recompute_problems()
+        if self.manual_gc_interval < 0:
+            problems.append(f"--manual-gc-interval {self.manual_gc_interval} must be >= 0")
+        return problems
+
+    def _batch_problems(self) -> list[str]:
+        problems = []
+        if self.micro_batch_size is None:
+            problems.append("--micro-batch-size is required")
+        elif self.micro_batch_size < 1:
+            problems.append(f"--micro-batch-size {self.micro_batch_size} must be positive")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            problems.append(f"--global-batch-size {self.global_batch_size} must be positive")
+        if self.rampup_batch_size is not None:
+            if len(self.rampup_batch_size) != 3:
+                problems.append(f"--rampup-batch-size takes 3 values <start> <increment> <samples>, got "
+                                f"{self.rampup_batch_size}")
+            elif min(self.rampup_batch_size) < 1:
+                problems.append(f"--rampup-batch-size {' '.join(map(str, self.rampup_batch_size))}: all values must "
+                                "be positive")
+        return problems
+
+    def _length_problems(self) -> list[str]:
+        problems = []
+        iters, samples = self.train_iters, self.train_samples
+        if iters is not None and samples is not None:
+            problems.append(f"give --train-iters or --train-samples, not both (got {iters} and {samples})")
+        if iters is not None and self.rampup_batch_size is not None:
+            problems.append("--rampup-batch-size needs sample-based training: use --train-samples instead of "
+                            "--train-iters")
+        for flag_name, value in (("--train-iters", iters), ("--train-samples", samples)):
+            if value is not None and value < 1:
+                problems.append(f"{flag_name} {value} must be positive")
+        return problems
+
+    def _recompute_problems(self) -> list[str]:
+        """The rules between the recompute flags alone; the layer counts are checked with the model's
+        (Megatron-Core's `recompute_problems`)."""
+        problems = []
+        if self.recompute_activations and self.recompute_granularity not in (None, "selective"):
+            problems.append(f"--recompute-activations means selective recompute, but --recompute-granularity "
+                            f"{self.recompute_granularity} was given")
+        if self.effective_recompute_granularity == "selective" and self.recompute_method is not None:
+            problems.append("--recompute-method applies to --recompute-granularity full only, not selective")
+        if self.distribute_saved_activations and self.effective_recompute_granularity != "full":
+            problems.append("--distribute-saved-activations needs --recompute-granularity full")
+        return problems
+
 
 @dataclass(kw_only=True)
 class ValidationConfig(Section):
@@ -113,6 +177,14 @@ class ValidationConfig(Section):
 
     multiple_validation_sets: bool = False
     """Evaluate each validation dataset separately."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.eval_interval is not None and self.eval_interval < 1:
+            problems.append(f"--eval-interval {self.eval_interval} must be positive")
+        if self.eval_iters < 0:
+            problems.append(f"--eval-iters {self.eval_iters} must be >= 0")
+        return problems
 
 
 @dataclass(kw_only=True)
