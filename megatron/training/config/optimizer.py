@@ -6,7 +6,6 @@ size when the scheduler is built (as Megatron-LM's `OptimizerParamScheduler`, wh
 
 from dataclasses import dataclass
 
-from megatron.core.optimizer.optimizer_config import DTYPE_OF_NAME
 from megatron.training.config.fields import Section, flag
 
 _STATE_DTYPE_FLAGS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
@@ -41,6 +40,9 @@ class OptimizerChoiceConfig(Section):
 
     def derived(self) -> dict:
         """The four state dtype flags as torch dtypes, as Megatron-LM's validation makes them."""
+        # Imported here: the optimizer package loads the model code, which parsing alone does not need.
+        from megatron.core.optimizer.optimizer_config import DTYPE_OF_NAME
+
         return {name: DTYPE_OF_NAME.get(getattr(self, name), getattr(self, name)) for name in _STATE_DTYPE_FLAGS}
 
 

@@ -8,11 +8,6 @@ import math
 import os
 from dataclasses import dataclass
 
-from megatron.core.transformer.context_parallel.context_parallel_attention import (
-    CP_COMM_TYPES,
-    CP_COMM_TYPES_NOT_YET,
-    canonical_cp_comm_type,
-)
 from megatron.training.config.fields import Section, flag
 
 
@@ -218,6 +213,13 @@ class DistributedConfig(Section):
             problems.append("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
         if cp == 1:
             return problems
+        # Imported here: the context-parallel attention loads the model code, which parsing alone does not need.
+        from megatron.core.transformer.context_parallel.context_parallel_attention import (
+            CP_COMM_TYPES,
+            CP_COMM_TYPES_NOT_YET,
+            canonical_cp_comm_type,
+        )
+
         for name in dict.fromkeys(self.cp_comm_type):
             if canonical_cp_comm_type(name) in CP_COMM_TYPES_NOT_YET:
                 problems.append(f"--cp-comm-type {name} is not supported yet; use p2p (ring) or allgather")
