@@ -5,7 +5,7 @@
     3. the derived values are computed once (derived.py)
     4. the rules across sections run on the arguments with those values (CROSS_SECTION_CHECKS), then the
        table of features not built yet (unsupported.py)
-    5. with no problem, the derived values are written into the namespace, once
+    5. with no problem, the derived values (and Megatron's run counters) are written into the namespace, once
 
 Checks never stop at the first problem: each appends a message (with the numbers and the formula) to one
 list, and a single ValueError lists them all, so one launch shows everything to fix.
@@ -64,11 +64,9 @@ def _apply_script_defaults(args, defaults: dict) -> None:
             setattr(args, key, value)
 
 
-def _start_counters(args) -> None:
-    args.consumed_train_samples = 0
-    args.skipped_train_samples = 0
-    args.consumed_valid_samples = 0
-    args.variable_seq_lengths = False
+# Megatron's run counters, which code reading `args` expects from the start.
+_COUNTERS = {"consumed_train_samples": 0, "skipped_train_samples": 0, "consumed_valid_samples": 0,
+             "variable_seq_lengths": False}
 
 
 def _print_args(title: str, args) -> None:
@@ -98,9 +96,8 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     problems.extend(find_unsupported(view))
     if problems:
         raise ValueError(f"{len(problems)} problem(s) with the arguments:\n  - " + "\n  - ".join(problems))
-    vars(args).update(derived)
+    vars(args).update(derived, **_COUNTERS)
     # Megatron drops the shorthand once translated into --recompute-granularity.
     vars(args).pop("recompute_activations", None)
-    _start_counters(args)
     _print_args("arguments", args)
     return args
