@@ -92,3 +92,15 @@ def test_literal_annotations_need_no_type():
         """A mode."""
 
     assert Choice.add_to(argparse.ArgumentParser()).parse_args(["--mode", "b"]).mode == "b"
+
+
+def test_a_switch_with_both_spellings():
+    @dataclass(kw_only=True)
+    class Checks(Section):
+        check_nan: bool = flag(True, action="store_true", off=("--no-check-nan",))
+        """Check for NaN (default on)."""
+
+    parser = Checks.add_to(argparse.ArgumentParser())
+    assert [parser.parse_args(argv).check_nan for argv in ([], ["--check-nan"], ["--no-check-nan"])] == [
+        True, True, False]
+    assert "Turns --check-nan off." in parser.format_help()
