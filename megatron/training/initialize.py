@@ -5,6 +5,7 @@ one-process group on a free local port). The backend is NCCL on GPUs and gloo on
 whatever `--distributed-backend` says, with a note when the request is overridden.
 """
 
+import logging
 import os
 import random
 import socket
@@ -50,6 +51,8 @@ def initialize_megatron(
     if skip_mpu_initialization:
         return args
 
+    _set_logging_level(args)
+
     _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks)
     set_random_seed(args.seed, args.data_parallel_random_init)
     init_num_microbatches_calculator(
@@ -78,7 +81,7 @@ def _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ra
         print_rank_0("note: no CUDA device; using the gloo backend on the CPU instead of nccl")
         backend = "gloo"
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(args.local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         timeout = timedelta(minutes=args.distributed_timeout_minutes)
         if "RANK" in os.environ:
@@ -107,6 +110,17 @@ def _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ra
     )
 
 
+def _set_logging_level(args) -> None:
+    """The root logger's level: --logging-level, else the MEGATRON_LOGGING_LEVEL variable, else untouched
+    (Megatron's precedence)."""
+    level = args.logging_level
+    if level is None and os.getenv("MEGATRON_LOGGING_LEVEL") is not None:
+        level = int(os.environ["MEGATRON_LOGGING_LEVEL"])
+    if level is not None:
+        print_rank_0(f"setting logging level to {level}")
+        logging.getLogger().setLevel(level)
+
+
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
     """Megatron's seeding: `seed + 100 * pp_rank` (+ `10 * dp_rank`) for python, numpy, torch and the
     tensor-parallel RNG tracker, so pipeline stages draw different weights and TP ranks agree."""
@@ -125,6 +139,9 @@ def _set_writers(args) -> None:
     """TensorBoard and W&B writers live on the last rank, which holds the loss (Megatron's choice)."""
     if dist.get_rank() != dist.get_world_size() - 1:
         return
+    if args.log_memory_to_tensorboard and not torch.cuda.is_available():
+        print("note: --log-memory-to-tensorboard writes the CUDA allocator's statistics; without a CUDA device "
+              "there are none to write", flush=True)
     if args.tensorboard_dir:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -140,5 +157,6 @@ def _set_writers(args) -> None:
         save_dir = args.wandb_save_dir or os.path.join(args.save or ".", "wandb")
         os.makedirs(save_dir, exist_ok=True)
         global_vars.set_wandb_writer(
-            wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project, config=vars(args))
+            wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project, entity=args.wandb_entity,
+                       config=vars(args))
         )

@@ -426,6 +426,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                 training_log(
                     loss_dict, learning_rate, iteration, optimizer.get_loss_scale(), skipped_iter,
                     grad_norm, num_zeros_in_grad, decoupled_learning_rate=decoupled_learning_rate,
+                    params_norm=optimizer.get_params_norm() if args.log_params_norm else None,
                 )
                 instrumentation.after_iteration(iteration)
                 if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:

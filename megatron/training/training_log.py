@@ -143,6 +143,9 @@ def training_log(
             writer.add_scalar(tag + " vs samples", value, samples)
         if args.log_world_size_to_tensorboard:
             writer.add_scalar("world-size", args.world_size, iteration)
+        if args.log_memory_to_tensorboard and torch.cuda.is_available():
+            for tag, value in _cuda_memory_scalars().items():
+                writer.add_scalar(tag, value, iteration)
         if wandb_writer is not None:
             wandb_writer.log(scalars, iteration)
 
@@ -158,7 +161,8 @@ def training_log(
     if writer is not None:
         if args.log_timers_to_tensorboard:
             writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
-        writer.add_scalar("throughput", tflops_per_gpu, iteration)
+        if args.log_throughput and args.log_timers_to_tensorboard:
+            writer.add_scalar("throughput", tflops_per_gpu, iteration)
         writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
 
     fields = [
@@ -223,6 +227,16 @@ def _moe_aux_losses(args) -> dict:
 def _format_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _cuda_memory_scalars() -> dict:
+    """Megatron's --log-memory-to-tensorboard tags: the CUDA caching allocator's current reserved and
+    allocated bytes, peak allocated bytes and live allocation count."""
+    stats = torch.cuda.memory_stats()
+    return {"mem-reserved-bytes": stats.get("reserved_bytes.all.current", 0),
+            "mem-allocated-bytes": stats.get("allocated_bytes.all.current", 0),
+            "mem-max-allocated-bytes": stats.get("allocated_bytes.all.peak", 0),
+            "mem-allocated-count": stats.get("allocation.all.current", 0)}
 
 
 def _report_memory(iteration: int) -> None:

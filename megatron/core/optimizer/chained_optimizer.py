@@ -46,6 +46,10 @@ class ChainedOptimizer(MegatronOptimizer):
         return math.sqrt(sum(optimizer.get_grad_norm() ** 2 for optimizer in self.chained_optimizers))
 
     @torch.no_grad()
+    def get_params_norm(self) -> float:
+        return math.sqrt(sum(optimizer.get_params_norm() ** 2 for optimizer in self.chained_optimizers))
+
+    @torch.no_grad()
     def count_zeros(self) -> int:
         return sum(optimizer.count_zeros() for optimizer in self.chained_optimizers)
 

@@ -107,6 +107,17 @@ class MegatronOptimizer(ABC):
         )
 
     @torch.no_grad()
+    def get_params_norm(self) -> float:
+        """Global L2 norm of the main params (fp32 copies where they exist), each entry counted once over
+        the same group as the gradient norm: Megatron-LM's `--log-params-norm` value."""
+        params = [
+            param
+            for param in self.get_parameters()
+            if param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param, self.tensor_parallel_rank)
+        ]
+        return get_grad_norm_fp32(params, grad_stats_parallel_group=self.get_grad_stats_parallel_group())
+
+    @torch.no_grad()
     def clip_grad_norm(self, clip_grad: float) -> float:
         """Computes the global gradient norm, clips the main gradients to `clip_grad`, returns the norm."""
         grad_norm = self.get_grad_norm()

@@ -160,6 +160,8 @@ DEPRECATED_FLAGS = (
                 _ignored("the batch size is always written")),
     _Deprecated(("--no-log-learnig-rate-to-tensorboard",), "no_log_learning_rate_to_tensorboard",
                 _ignored("the learning rate is always written")),
+    _Deprecated(("--no-scatter-gather-tensors-in-pipeline",), "no_scatter_gather_tensors_in_pipeline",
+                _ignored("Megatron-LM removed it; pipeline stages always send whole activations here")),
     _Deprecated(("--use-legacy-models",), "use_legacy_models",
                 _removed("legacy (non-core) models do not exist here; drop the flag")),
     _Deprecated(("--batch-size",), "batch_size", _removed("use --micro-batch-size (and --global-batch-size)"),

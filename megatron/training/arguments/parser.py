@@ -3,6 +3,7 @@
 
 import argparse
 import difflib
+import functools
 import os
 import sys
 
@@ -79,3 +80,22 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, args_list=No
     args.rank = _env_int("RANK", 0)
     args.world_size = _env_int("WORLD_SIZE", 1)
     return args
+
+
+@functools.cache
+def _actions_by_flag() -> dict:
+    return {option: action for action in build_parser()._actions for option in action.option_strings}
+
+
+def given_rows(args: argparse.Namespace, rows) -> list:
+    """(row, the setting as typed, e.g. "--fp8-recipe mxfp8") of each row of `rows` (each with `.flag` and
+    `.values`) whose flag `args` sets: to one of the row's values, or, for a row without values, to anything
+    other than the parser default."""
+    actions = _actions_by_flag()
+    given = []
+    for row in rows:
+        action = actions[row.flag]
+        value = getattr(args, action.dest, action.default)
+        if value in row.values if row.values else value != action.default:
+            given.append((row, row.flag if action.nargs == 0 else f"{row.flag} {value}"))
+    return given

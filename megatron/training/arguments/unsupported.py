@@ -6,11 +6,10 @@ delete its row.
 """
 
 import argparse
-import functools
 from dataclasses import dataclass
 
 from megatron.core.extensions.transformer_engine import transformer_impl_refusal
-from megatron.training.arguments.parser import build_parser
+from megatron.training.arguments.parser import given_rows
 
 
 @dataclass(frozen=True)
@@ -47,6 +46,11 @@ UNSUPPORTED = (
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
     Unsupported("--adlr-autoresume", "ADLR autoresume needs NVIDIA's internal cluster library"),
+    Unsupported("--adlr-autoresume-interval", "ADLR autoresume needs NVIDIA's internal cluster library"),
+    Unsupported("--non-persistent-global-ckpt-dir", "non-persistent checkpoints are not supported yet"),
+    Unsupported("--fp4-recipe", "FP4 training is not supported yet"),
+    Unsupported("--fp32-residual-connection", "keeping the residual stream in fp32 is not supported yet"),
+    Unsupported("--multiple-validation-sets", "evaluating each validation dataset separately is not supported yet"),
     Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss or none",
                 ("global_aux_loss", "sinkhorn", "quantile_balancing")),
     Unsupported("--moe-router-score-function", "is not supported yet; use softmax or sigmoid", ("sqrtsoftplus",)),
@@ -54,22 +58,11 @@ UNSUPPORTED = (
 )
 
 
-@functools.cache
-def _actions_by_flag() -> dict:
-    return {option: action for action in build_parser()._actions for option in action.option_strings}
-
-
 def find_unsupported(args: argparse.Namespace) -> list:
     """One message per row of UNSUPPORTED that `args` asks for, and one for `--transformer-impl transformer_engine`."""
-    actions = _actions_by_flag()
     problems = []
-    for row in UNSUPPORTED:
-        action = actions[row.flag]
-        value = getattr(args, action.dest, action.default)
-        refused = value in row.values if row.values else value != action.default
-        if refused:
-            shown = row.flag if action.nargs == 0 else f"{row.flag} {value}"
-            problems.append(f"{shown}: {row.message}")
+    for row, shown in given_rows(args, UNSUPPORTED):
+        problems.append(f"{shown}: {row.message}")
     if getattr(args, "transformer_impl", "local") == "transformer_engine":  # the message depends on TE's presence
         problems.append(f"--transformer-impl transformer_engine: {transformer_impl_refusal()}")
     return problems

@@ -4,7 +4,8 @@
     2. each configuration section checks its own flags (`validate()` of megatron/training/config/*)
     3. the derived values are computed once (derived.py)
     4. the rules across sections run on the arguments with those values (CROSS_SECTION_CHECKS), then the
-       table of features not built yet (unsupported.py)
+       table of features not built yet (unsupported.py); a line for each flag given that has no effect
+       here (without_effect.py)
     5. with no problem, the derived values (and Megatron's run counters) are written into the namespace, once
 
 Checks never stop at the first problem: each appends a message (with the numbers and the formula) to one
@@ -24,6 +25,7 @@ from megatron.training.arguments.validate_model import check_model_shape
 from megatron.training.arguments.validate_moe import check_moe
 from megatron.training.arguments.validate_parallel import check_parallel_layout
 from megatron.training.arguments.validate_schedule import check_batch_sizes, check_run_length
+from megatron.training.arguments.without_effect import print_without_effect_notes
 from megatron.training.config.run_config import RunConfig
 
 
@@ -96,6 +98,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     problems.extend(find_unsupported(view))
     if problems:
         raise ValueError(f"{len(problems)} problem(s) with the arguments:\n  - " + "\n  - ".join(problems))
+    print_without_effect_notes(view)
     vars(args).update(derived, **_COUNTERS)
     # Megatron drops the shorthand once translated into --recompute-granularity.
     vars(args).pop("recompute_activations", None)

@@ -33,8 +33,8 @@ from megatron.core.dist_checkpointing.fully_parallel import distribute_replica_w
 from megatron.core.dist_checkpointing.model_sharding import is_expert_key, model_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import FULLY_RESHARDABLE, optimizer_checkpoint_entry
 from megatron.core.dist_checkpointing.serialization import split_state_dict
-from megatron.training.checkpoint.files import write_text_atomically
-from megatron.training.checkpoint.layout import get_checkpoint_name, get_checkpoint_tracker_filename
+from megatron.training.checkpoint.latest import name_latest
+from megatron.training.checkpoint.layout import get_checkpoint_name
 from megatron.training.checkpoint.state_dict import CHECKPOINT_VERSION, model_chunks, model_state_key
 from megatron.training.console import print_rank_0
 
@@ -145,7 +145,7 @@ def save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_schedul
         if dist.is_initialized():
             dist.barrier()
         if not dist.is_initialized() or dist.get_rank() == 0:
-            write_text_atomically("release" if release else str(iteration), get_checkpoint_tracker_filename(save_dir))
+            name_latest(save_dir, iteration, release, getattr(args, "save_retain_interval", None))
         print_rank_0(f"  successfully saved checkpoint from iteration {iteration:7d} to {save_dir} [ torch_dist ]")
         if dist.is_initialized():
             dist.barrier()

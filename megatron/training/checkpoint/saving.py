@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from megatron.training.checkpoint.dist_saving import save_sharded_checkpoint
 from megatron.training.checkpoint.distrib_optim import finish_param_gathers, save_distributed_optimizer_state
-from megatron.training.checkpoint.files import save_atomically, write_text_atomically
+from megatron.training.checkpoint.files import save_atomically
+from megatron.training.checkpoint.latest import name_latest
 from megatron.training.checkpoint.layout import (
     ensure_directory_exists,
     get_checkpoint_name,
@@ -108,7 +109,7 @@ def save_checkpoint(
 
     _barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
-        write_text_atomically("release" if release else str(iteration), get_checkpoint_tracker_filename(args.save))
+        name_latest(args.save, iteration, release, args.save_retain_interval)
         print_rank_0(
             f"  [{_timestamp()}] successfully saved checkpoint from iteration {iteration:7d} to {args.save} "
             f"{model_parallel_position()}"

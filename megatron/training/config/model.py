@@ -258,6 +258,9 @@ class KernelFusionConfig(Section):
         if self.cuda_graph_impl in ("local", "transformer_engine"):
             return [f"--cuda-graph-impl {self.cuda_graph_impl}: per-layer CUDA graphs are not supported yet; use "
                     "--cuda-graph-impl full_iteration (one graph for the whole forward and backward pass)"]
+        if self.cuda_graph_impl == "none" and self.cuda_graph_modules:
+            return [f"--cuda-graph-modules {' '.join(self.cuda_graph_modules)}: per-layer CUDA graphs (--cuda-graph-impl "
+                    "local or transformer_engine) are not supported yet"]
         if self.cuda_graph_impl != "full_iteration":
             return []
         problems = []

@@ -71,9 +71,6 @@ class DistributedConfig(Section):
     overlap_p2p_comm: bool = flag(True, names=("--no-overlap-p2p-communication",))
     """Do not overlap pipeline send/receive with compute (off without virtual stages)."""
 
-    scatter_gather_tensors_in_pipeline: bool = flag(True, names=("--no-scatter-gather-tensors-in-pipeline",))
-    """Send whole activations between stages instead of TP-scattered chunks."""
-
     sequence_parallel: bool = False
     """Shard norms and dropout over the sequence within the TP group (off when TP = 1)."""
 

@@ -108,7 +108,7 @@ class LowPrecisionConfig(Section):
     """FP8 scaling margin."""
 
     fp8_interval: int = 1
-    """Deprecated in Megatron; ignored there too."""
+    """Ignored (deprecated by Transformer Engine v1.8; Megatron-LM ignores it too)."""
 
     fp8_amax_history_len: int = 1
     """Length of the amax history."""

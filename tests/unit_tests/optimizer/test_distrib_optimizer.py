@@ -205,8 +205,21 @@ def check_setup_errors_and_fp16_overflow():
     assert optimizer.get_loss_scale().item() == 4.0
 
 
+def check_params_norm():
+    """--log-params-norm: the norm of the fp32 main params, each counted once over the ranks; the sharded
+    optimizer's equals the plain one's and that of the gathered parameters."""
+    sharded, plain = build(torch.bfloat16, 1.0), build(torch.bfloat16, 1.0, distributed=False)
+    train(*sharded, steps=2)
+    train(*plain, steps=2)
+    main_params = torch.cat([param.view(-1) for param in plain[1].get_parameters()])
+    assert main_params.dtype == torch.float32
+    assert plain[1].get_params_norm() == pytest.approx(main_params.norm().item(), rel=1e-6)
+    assert sharded[1].get_params_norm() == pytest.approx(plain[1].get_params_norm(), rel=1e-6)
+
+
 def _distributed_optimizer_checks(rank, world_size):
     parallel_state.initialize_model_parallel()
+    check_params_norm()
     check_equals_plain_optimizer_and_torch()
     check_param_gather_waits_for_the_next_forward()
     check_state_round_trip()

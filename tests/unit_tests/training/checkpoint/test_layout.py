@@ -70,3 +70,24 @@ def test_corrupt_tracker_names_the_file_and_its_content(tmp_path, text):
         read_metadata(str(tracker))
     assert str(tracker) in str(error.value) and repr(text) in str(error.value)
     assert "'release'" in str(error.value)
+
+
+def test_save_retain_interval_deletes_the_previous_checkpoint_off_the_interval(tmp_path):
+    """--save-interval 5 --save-retain-interval 10: after each save, the one before it goes unless its
+    iteration is a multiple of 10 (Megatron-LM's rule); a symbolic link is kept."""
+    from megatron.training.checkpoint.latest import name_latest
+
+    save = str(tmp_path)
+    for iteration in (5, 10, 15, 20, 25):
+        os.makedirs(get_checkpoint_name(save, iteration, return_base_dir=True))
+        name_latest(save, iteration, release=False, retain_interval=10)
+    assert sorted(os.listdir(save)) == ["iter_0000010", "iter_0000020", "iter_0000025",
+                                        "latest_checkpointed_iteration.txt"]
+    assert read_metadata(get_checkpoint_tracker_filename(save)) == (25, False)
+    os.symlink(tmp_path / "iter_0000010", tmp_path / "iter_0000035")
+    name_latest(save, 35, release=False, retain_interval=10)
+    os.makedirs(get_checkpoint_name(save, 40, return_base_dir=True))
+    name_latest(save, 40, release=False, retain_interval=10)
+    assert "iter_0000035" in os.listdir(save) and "iter_0000025" not in os.listdir(save)
+    name_latest(save, 45, release=False, retain_interval=None)  # no interval: nothing is deleted
+    assert "iter_0000040" in os.listdir(save)
