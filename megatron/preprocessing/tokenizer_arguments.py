@@ -56,8 +56,11 @@ def add_tokenizer_args(parser: argparse.ArgumentParser, vocab_padding: bool = Tr
                        help="Which tiktoken pre-split pattern to use.")
     group.add_argument("--tiktoken-num-special-tokens", type=int, default=1000,
                        help="Number of special tokens in tiktoken tokenizer.")
-    group.add_argument("--tiktoken-special-tokens", type=str, nargs="+", default=None,
-                       help='List of tiktoken special tokens, needs to have ["<unk>", "<s>", "</s>"].')
+    # --tiktoken-special-tokens: Megatron <= v0.14's name.
+    group.add_argument("--tokenizer-special-tokens", "--tiktoken-special-tokens", dest="special_tokens", type=str,
+                       nargs="+", default=None,
+                       help='Special tokens: TikTokenizer\'s (must include "<unk>", "<s>", "</s>"), or tokens added '
+                            "to a HuggingFaceTokenizer as additional special tokens.")
     group.add_argument("--null-tokenizer-eod-id", type=int, default=None,
                        help="NullTokenizer end-of-document id (default: vocab size - 1).")
     group.add_argument("--null-tokenizer-pad-id", type=int, default=-1,
@@ -66,12 +69,11 @@ def add_tokenizer_args(parser: argparse.ArgumentParser, vocab_padding: bool = Tr
                        help="Embedding rows; default: the vocab size padded by --make-vocab-size-divisible-by x TP.")
     group.add_argument("--trust-remote-code", action="store_true",
                        help="Allow a Hugging Face tokenizer to run code from its directory or hub repository.")
-    group.add_argument("--tokenizer-hf-no-include-special-tokens", dest="tokenizer_hf_include_special_tokens",
-                       action="store_false", default=True,
+    group.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_true",
                        help="Do not add the Hugging Face tokenizer's special tokens (e.g. BOS) to each text.")
     # Megatron <= v0.16 spelling of today's default; accepted so that old command lines run.
-    group.add_argument("--tokenizer-hf-include-special-tokens", dest="tokenizer_hf_include_special_tokens",
-                       action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--tokenizer-hf-include-special-tokens", dest="tokenizer_hf_no_include_special_tokens",
+                       action="store_false", default=False, help=argparse.SUPPRESS)
     if vocab_padding:
         group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                            help="Pad the vocab size to be divisible by this value (times the TP size).")

@@ -69,6 +69,9 @@ def _problems(args) -> list[str]:
             problems.append(f"{_flag(attribute)} {path!r} (needed by --tokenizer-type {tokenizer_type}) {what}")
     if tokenizer_type == "HuggingFaceTokenizer" and getattr(args, "tokenizer_model", None) is None:
         problems.append("--tokenizer-model (a directory or a hub id) is required by --tokenizer-type HuggingFaceTokenizer")
+    if getattr(args, "special_tokens", None) and tokenizer_type not in ("HuggingFaceTokenizer", "TikTokenizer"):
+        problems.append(f"--tokenizer-special-tokens is not supported yet with --tokenizer-type {tokenizer_type} "
+                        "(it is with HuggingFaceTokenizer and TikTokenizer)")
     if tokenizer_type == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
         problems.append("--vocab-size is required by --tokenizer-type NullTokenizer")
     if tokenizer_type == "TikTokenizer" and getattr(args, "tiktoken_pattern", None) not in PATTERNS:
@@ -99,7 +102,8 @@ def _construct(args) -> MegatronTokenizer:
         return HuggingFaceTokenizer(
             args.tokenizer_model,
             trust_remote_code=getattr(args, "trust_remote_code", False),
-            include_special_tokens=getattr(args, "tokenizer_hf_include_special_tokens", True),
+            include_special_tokens=not getattr(args, "tokenizer_hf_no_include_special_tokens", False),
+            additional_special_tokens=getattr(args, "special_tokens", None),
         )
     if tokenizer_type == "TikTokenizer":
         return TikTokenizer(
@@ -107,7 +111,7 @@ def _construct(args) -> MegatronTokenizer:
             pattern=args.tiktoken_pattern,
             vocab_size=getattr(args, "vocab_size", None),
             num_special_tokens=getattr(args, "tiktoken_num_special_tokens", 1000),
-            special_tokens=getattr(args, "tiktoken_special_tokens", None),
+            special_tokens=getattr(args, "special_tokens", None),
         )
     return NullTokenizer(
         args.vocab_size,

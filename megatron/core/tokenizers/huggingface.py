@@ -56,10 +56,14 @@ class HuggingFaceTokenizer(MegatronTokenizer):
         pretrained_model_name_or_path: str,
         trust_remote_code: bool = False,
         include_special_tokens: bool = True,
+        additional_special_tokens: list[str] | None = None,
         **kwargs,
     ):
         super().__init__(pretrained_model_name_or_path, **kwargs)
         self._tokenizer = _load_auto_tokenizer(pretrained_model_name_or_path, trust_remote_code, **kwargs)
+        if additional_special_tokens:
+            # Tokens not in the vocabulary get new ids after it (Megatron-LM's --tokenizer-special-tokens).
+            self._tokenizer.add_special_tokens({"additional_special_tokens": list(additional_special_tokens)})
         self._include_special_tokens = include_special_tokens
         self._vocab = None
         self._inv_vocab = None

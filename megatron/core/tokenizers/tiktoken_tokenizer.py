@@ -4,7 +4,7 @@ The file (`--tokenizer-model`) is a JSON list whose i-th entry is `{"rank": i, "
 "token_str": str}`; entries 0..255 must be the single bytes 0..255. Id layout, as Megatron-LM's
 `CustomTikTokenizer`:
 
-    ids [0, num_special)            special tokens: `--tiktoken-special-tokens` (default `<unk> <s> </s>`),
+    ids [0, num_special)            special tokens: `--tokenizer-special-tokens` (default `<unk> <s> </s>`),
                                     then fillers `<SPECIAL_i>` up to `--tiktoken-num-special-tokens`
     ids [num_special, vocab_size)   BPE rank r -> id r + num_special, for the first
                                     vocab_size - num_special ranks of the file
@@ -111,10 +111,10 @@ class TikTokenizer(DictVocabTokenizer):
     def _with_fillers(special_tokens: list[str], num_special_tokens: int) -> list[str]:
         """The given special tokens followed by `<SPECIAL_i>` fillers, `num_special_tokens` in all."""
         if len(set(special_tokens)) != len(special_tokens):
-            raise ValueError(f"--tiktoken-special-tokens must be unique, got {special_tokens}")
+            raise ValueError(f"--tokenizer-special-tokens must be unique, got {special_tokens}")
         missing = [token for token in REQUIRED_SPECIAL_TOKENS if token not in special_tokens]
         if missing:
-            raise ValueError(f"--tiktoken-special-tokens must include {REQUIRED_SPECIAL_TOKENS}; missing {missing}")
+            raise ValueError(f"--tokenizer-special-tokens must include {REQUIRED_SPECIAL_TOKENS}; missing {missing}")
         if num_special_tokens < len(special_tokens):
             raise ValueError(
                 f"--tiktoken-num-special-tokens {num_special_tokens} is less than the "
@@ -123,7 +123,7 @@ class TikTokenizer(DictVocabTokenizer):
         fillers = [f"<SPECIAL_{i}>" for i in range(len(special_tokens), num_special_tokens)]
         clash = set(fillers) & set(special_tokens)
         if clash:
-            raise ValueError(f"--tiktoken-special-tokens {sorted(clash)} collide with the filler names")
+            raise ValueError(f"--tokenizer-special-tokens {sorted(clash)} collide with the filler names")
         return special_tokens + fillers
 
     def tokenize(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
@@ -139,7 +139,7 @@ class TikTokenizer(DictVocabTokenizer):
 
     def _special(self, name: str, token: str) -> int:
         if token not in self._specials:
-            self._missing(name, f" (add {token} to --tiktoken-special-tokens)")
+            self._missing(name, f" (add {token} to --tokenizer-special-tokens)")
         return self._specials[token]
 
     @property

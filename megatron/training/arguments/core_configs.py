@@ -19,8 +19,6 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 # TransformerConfig field: the dest whose value it takes.
 RENAMED_TRANSFORMER_FIELDS = {
-    "layernorm_zero_centered_gamma": "apply_layernorm_1p",
-    "layernorm_epsilon": "norm_epsilon",
     "pipeline_dtype": "params_dtype",
     "num_moe_experts": "num_experts",
     "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",

@@ -20,7 +20,7 @@ _ARGS_IF_UNSET = (
 _ARGS_ALWAYS = (
     "num_query_groups", "group_query_attention", "position_embedding_type", "use_rotary_position_embeddings",
     "rotary_base", "rotary_percent", "rotary_interleaved", "add_bias_linear", "add_qkv_bias", "squared_relu",
-    "swiglu", "untie_embeddings_and_output_weights", "apply_layernorm_1p", "normalization",
+    "swiglu", "untie_embeddings_and_output_weights", "layernorm_zero_centered_gamma", "normalization",
     "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout", "spec", "num_experts",
     "moe_layer_freq", "moe_router_topk", "moe_router_pre_softmax", "moe_grouped_gemm",
     "moe_shared_expert_intermediate_size", "moe_router_load_balancing_type", "moe_aux_loss_coeff",

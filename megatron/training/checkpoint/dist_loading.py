@@ -45,7 +45,7 @@ from megatron.core.dist_checkpointing.serialization import saved_tensor_shapes
 from megatron.core.dist_checkpointing.strictness import describe, returns_mismatches
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.training.checkpoint.dist_saving import rng_sharded_object
-from megatron.training.checkpoint.files import report_unreadable_arguments
+from megatron.training.checkpoint.files import add_current_argument_names, report_unreadable_arguments
 from megatron.training.checkpoint.state_dict import model_chunks, model_state_key
 from megatron.training.console import print_rank_0
 
@@ -75,6 +75,7 @@ def detect_checkpoint_format(checkpoint_dir, args) -> str:
 def read_common_state(checkpoint_dir) -> dict:
     """The common state of a torch_dist checkpoint: the keys of a torch-format file, without the tensors."""
     common = load_common_state_dict(checkpoint_dir)
+    add_current_argument_names(common)
     report_unreadable_arguments(common, checkpoint_dir)
     return common
 

@@ -23,6 +23,8 @@ from megatron.training.console import print_rank_0
 CHECKPOINT_VERSION = 3.0
 # The files whose unreadable arguments were reported (once per process).
 _reported_unreadable: list = []
+# Dests Megatron-LM renamed, {the name older checkpoints hold: the name now}.
+_RENAMED_ARGUMENTS = {"norm_epsilon": "layernorm_epsilon", "apply_layernorm_1p": "layernorm_zero_centered_gamma"}
 
 
 def save_atomically(obj, filename) -> None:
@@ -72,8 +74,20 @@ def load_checkpoint_file(filename):
             f"checkpoint file {filename} refers to code that is not available here ({error}); it was probably "
             "written by another version of Megatron-LM"
         ) from error
+    add_current_argument_names(state_dict)
     report_unreadable_arguments(state_dict, filename)
     return state_dict
+
+
+def add_current_argument_names(state_dict) -> None:
+    """Gives the saved arguments of an older checkpoint (an older Megatron-LM's, or this project's before
+    the rename) today's name of each renamed argument, so that readers use one name."""
+    args = state_dict.get("args") if isinstance(state_dict, dict) else None
+    if args is None:
+        return
+    for old, new in _RENAMED_ARGUMENTS.items():
+        if hasattr(args, old) and not hasattr(args, new):
+            setattr(args, new, getattr(args, old))
 
 
 def report_unreadable_arguments(state_dict, source) -> None:

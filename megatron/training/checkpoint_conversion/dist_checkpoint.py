@@ -11,6 +11,7 @@ import torch
 from megatron.core.dist_checkpointing import ShardedTensor, load
 from megatron.core.dist_checkpointing.model_sharding import state_dict_names
 from megatron.core.dist_checkpointing.serialization import load_common_state_dict, saved_tensors
+from megatron.training.checkpoint.files import add_current_argument_names
 
 
 def _is_model_key(key: str) -> bool:
@@ -20,6 +21,7 @@ def _is_model_key(key: str) -> bool:
 def read_dist_checkpoint(directory: str) -> tuple[dict, argparse.Namespace | None]:
     """(full state dict with torch-format names, the saved args or None) of a torch_dist iteration directory."""
     common = load_common_state_dict(directory)
+    add_current_argument_names(common)
     request = {key: ShardedTensor(key, torch.empty(shape, dtype=dtype), shape, (0,) * len(shape))
                for key, (shape, dtype) in saved_tensors(directory).items() if _is_model_key(key)}
     load(request, directory)

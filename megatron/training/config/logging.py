@@ -92,7 +92,7 @@ class LoggingConfig(Section):
     """With --profile: torch.profiler, a Chrome trace per rank in <tensorboard-dir>/../torch_profile/ and a
     kernel-time summary on the console."""
 
-    profile_ranks: list[int] = flag(default_factory=list, nargs="*")
+    profile_ranks: list[int] = flag(default_factory=list, nargs="+")
     """Global ranks to profile (and to record memory history on); none given: all ranks."""
 
     record_memory_history: bool = False

@@ -80,10 +80,10 @@ class NetworkSizeConfig(Section):
     normalization: str = flag("LayerNorm", choices=("LayerNorm", "RMSNorm"))
     """Normalisation layer."""
 
-    norm_epsilon: float = 1e-5
+    layernorm_epsilon: float = flag(1e-5, names=("--norm-epsilon",))
     """Epsilon of LayerNorm / RMSNorm."""
 
-    apply_layernorm_1p: bool = False
+    layernorm_zero_centered_gamma: bool = flag(False, names=("--apply-layernorm-1p",))
     """Zero-centred LayerNorm gamma: the stored weight is gamma - 1."""
 
     qk_layernorm: bool = False
@@ -250,7 +250,7 @@ class KernelFusionConfig(Section):
     cuda_graph_warmup_steps: int = 3
     """Eager iterations before the CUDA graph is captured."""
 
-    cuda_graph_modules: list[str] = flag(default_factory=list, nargs="*")
+    cuda_graph_modules: list[str] = flag(default_factory=list, nargs="+")
     """Parts of each layer captured by per-layer CUDA graphs (not built yet; must be empty with
     --cuda-graph-impl full_iteration)."""
 

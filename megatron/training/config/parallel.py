@@ -86,7 +86,7 @@ class DistributedConfig(Section):
     overlap_param_gather: bool = False
     """Overlap the parameter all-gather with the forward pass (distributed optimizer)."""
 
-    align_grad_reduce: bool = flag(True, names=("--no-align-grad-reduce",))
+    align_grad_reduce: bool = flag(True, names=("--no-align-grad-reduce", "--disable-align-grad-reduce"))
     """Let each pipeline stage launch its gradient reduction independently."""
 
     align_param_gather: bool = flag(True, names=("--no-align-param-gather",))

@@ -137,7 +137,7 @@ class LowPrecisionConfig(Section):
     fp4_recipe: str = flag("nvfp4", choices=("nvfp4", "custom"))
     """FP4 scaling recipe."""
 
-    fp4_param: bool = flag(False, names=("--fp4-param-gather",))
+    fp4_param_gather: bool = False
     """Keep parameters in FP4 and all-gather them in FP4."""
 
     te_rng_tracker: bool = False

@@ -22,7 +22,7 @@ class TrainingConfig(Section):
     """Sequences per optimizer step = micro-batch-size x microbatches x data-parallel size (default
     micro-batch-size x data-parallel size: one microbatch)."""
 
-    rampup_batch_size: list[int] | None = flag(None, nargs="*")
+    rampup_batch_size: list[int] | None = flag(None, nargs=3, metavar=("START", "INCREMENT", "SAMPLES"))
     """<start> <increment> <samples>: grow the global batch from <start> by <increment> over <samples>
     samples, e.g. 16 16 5859375."""
 
@@ -52,7 +52,7 @@ class TrainingConfig(Section):
     recompute_num_layers: int | None = None
     """Layers per recompute chunk (uniform) or per pipeline stage (block)."""
 
-    recompute_modules: list[str] | None = flag(None, nargs="*")
+    recompute_modules: list[str] | None = flag(None, nargs="+")
     """Submodules recomputed with selective granularity (default ["core_attn"])."""
 
     distribute_saved_activations: bool = False

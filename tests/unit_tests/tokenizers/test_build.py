@@ -37,15 +37,15 @@ def test_defaults_are_megatrons():
     assert args.tokenizer_type is None and args.vocab_file is None and args.merge_file is None
     assert (args.vocab_extra_ids, args.make_vocab_size_divisible_by, args.tiktoken_num_special_tokens) == (0, 128, 1000)
     assert (args.null_tokenizer_eod_id, args.null_tokenizer_pad_id, args.padded_vocab_size) == (None, -1, None)
-    assert args.tokenizer_hf_include_special_tokens is True and args.trust_remote_code is False
+    assert args.tokenizer_hf_no_include_special_tokens is False and args.trust_remote_code is False
 
 
 def test_vocab_alias_and_prefixes():
     # "--vocab" is an exact alias, not an ambiguous prefix of --vocab-size / --vocab-extra-ids.
     assert parse(["--vocab", "v.json", "--vocab-size", "7"]).vocab_file == "v.json"
     assert parse(["--vocab-file", "v.json"]).vocab_file == "v.json"
-    assert parse(["--tokenizer-hf-no-include-special-tokens"]).tokenizer_hf_include_special_tokens is False
-    assert parse(["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens is True
+    assert parse(["--tokenizer-hf-no-include-special-tokens"]).tokenizer_hf_no_include_special_tokens is True
+    assert parse(["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_no_include_special_tokens is False
 
 
 def test_unknown_types_get_a_helpful_message(capsys):

@@ -53,6 +53,14 @@ def test_special_tokens_and_vocab(tokenizer_dir):
     assert dict(tokenizer.unique_identifiers) == {"class": "_HuggingFaceTokenizer", "tokenizer_path": [tokenizer_dir]}
 
 
+def test_tokenizer_special_tokens_get_ids_after_the_vocabulary(tokenizer_dir):
+    """--tokenizer-special-tokens: each new token is one id after the vocabulary, never split by the BPE."""
+    tokenizer = HuggingFaceTokenizer(tokenizer_dir, include_special_tokens=False,
+                                     additional_special_tokens=["<tool>", "<s>"])
+    assert tokenizer.vocab_size == 2002 and tokenizer.vocab["<tool>"] == 2001 and tokenizer.vocab["<s>"] == 2000
+    assert tokenizer.tokenize("<tool>")[-1:] == [2001] and len(tokenizer.tokenize("<tool>")) == 1
+
+
 def test_bad_locations_explain_what_is_expected(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is not a directory; expected a local directory holding the tokenizer files"):
         HuggingFaceTokenizer(str(tmp_path / "missing"))

@@ -40,7 +40,7 @@ def test_special_token_layout(tiktoken_file, tiktoken_ranks):
     assert ours.tokenize("</s><s>") == [1000 + b for b in b"</s><s>"]
     assert ours.tokenize("a", bos=True, eos=True) == [1, 1000 + ord("a"), 2]
     assert ours.additional_special_tokens_ids == []
-    with pytest.raises(AttributeError, match="has no attribute 'pad' \\(add <pad> to --tiktoken-special-tokens\\)"):
+    with pytest.raises(AttributeError, match="has no attribute 'pad' \\(add <pad> to --tokenizer-special-tokens\\)"):
         ours.pad
 
 

@@ -49,7 +49,7 @@ def translate(flags):
     (["--use-rotary-position-embeddings"], "position_embedding_type", "rope"),
     (["--no-position-embedding"], "position_embedding_type", "none"),
     (["--use-rotary-position-embeddings", "--no-position-embedding"], "position_embedding_type", "rope"),
-    (["--layernorm-epsilon", "1e-6"], "norm_epsilon", 1e-6),
+    (["--layernorm-epsilon", "1e-6"], "layernorm_epsilon", 1e-6),
     (["--override-lr-scheduler"], "override_opt_param_scheduler", True),
     (["--use-checkpoint-lr-scheduler"], "use_checkpoint_opt_param_scheduler", True),
     (["--distribute-checkpointed-activations"], "distribute_saved_activations", True),

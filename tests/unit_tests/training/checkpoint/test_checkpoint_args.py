@@ -112,3 +112,16 @@ def test_use_checkpoint_args_without_a_checkpoint_keeps_the_command_line(tmp_pat
     assert args.num_layers == 3 and args.hidden_size is None
     args.load = None
     assert load_args_from_checkpoint(args) == (args, None)
+
+
+def test_renamed_arguments_of_older_checkpoints_read_under_todays_names(tmp_path):
+    """Megatron-LM before its rename (and this project before it) saved norm_epsilon / apply_layernorm_1p;
+    readers see layernorm_epsilon / layernorm_zero_centered_gamma."""
+    import torch
+
+    from megatron.training.checkpointing import load_checkpoint_file
+
+    path = str(tmp_path / "model_optim_rng.pt")
+    torch.save({"args": argparse.Namespace(norm_epsilon=1e-6, apply_layernorm_1p=True)}, path)
+    args = load_checkpoint_file(path)["args"]
+    assert (args.layernorm_epsilon, args.layernorm_zero_centered_gamma) == (1e-6, True)
