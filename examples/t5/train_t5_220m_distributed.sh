@@ -8,10 +8,8 @@
 # sentinels <extra_id_0..99>); DATA_PATH the prefix of a sentence-split corpus (tools/preprocess_data.py
 # --split-sentences ... writes PREFIX_text_sentence.bin/.idx). There is no MOCK data for T5. Flags after the
 # four paths are passed after the script's own and override them. GPUS_PER_NODE, NUM_NODES, NODE_RANK,
-# MASTER_ADDR, MASTER_PORT: see examples/distributed_args.sh.
-#
-# One change from Megatron's script: --transformer-impl local instead of transformer_engine (the same model in
-# pure PyTorch; Transformer Engine layers are not supported here yet).
+# MASTER_ADDR, MASTER_PORT: see examples/distributed_args.sh. --transformer-impl transformer_engine, as in
+# Megatron's script, builds this project's own PyTorch layers (the same model; one line says so).
 
 set -euo pipefail
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,7 +50,7 @@ T5_ARGS=(
     --bf16
     --vocab-extra-ids 100
     --init-method-std 0.015
-    --transformer-impl local
+    --transformer-impl transformer_engine
     --tensor-model-parallel-size 1
     --pipeline-model-parallel-size 1
     --attention-backend auto

@@ -113,7 +113,8 @@ def _kernel_lines(args) -> list:
     fusions = [name for name in ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion",
                                  "masked_softmax_fusion", "gradient_accumulation_fusion") if getattr(args, name, False)]
     return [
-        f"kernels: --transformer-impl {args.transformer_impl}, --attention-backend {args.attention_backend}",
+        f"kernels: --transformer-impl {args.transformer_impl} (this framework's PyTorch layers), --attention-backend "
+        f"{args.attention_backend}",
         f"  attention: {_attention_kernels(args)}",
         f"  norms: {apex.describe_norms()}",
         f"  optimizer: {_optimizer_kernels(args)}",

@@ -268,10 +268,9 @@ CASES = {
         "--hidden-size 66 is not divisible by --num-attention-heads 4 (16.50 per head); pass --kv-channels or use a "
         "head count in 1, 2, 3, 6, 11, 22, 33, 66"),
     "unsupported-value": BadInput(
-        "`--transformer-impl transformer_engine` (not built yet)",
-        lambda scratch: _validate("--transformer-impl", "transformer_engine"),
-        "--transformer-impl transformer_engine: Transformer Engine layers are not built here yet; use "
-        "--transformer-impl local (the default: the same model in pure PyTorch)"),
+        "`--transformer-impl inference_optimized` (not built yet)",
+        lambda scratch: _validate("--transformer-impl", "inference_optimized"),
+        "--transformer-impl inference_optimized: is not supported yet; use --transformer-impl local"),
     "auto-resume-without-save": BadInput(
         "`--auto-resume` without `--save`", lambda scratch: _validate("--auto-resume"),
         "--auto-resume resumes from --save: give --save DIR"),

@@ -197,5 +197,5 @@ def test_example_scripts_pass_megatrons_recipes(tmp_path):
                 "--encoder-seq-length": "512", "--decoder-seq-length": "128", "--micro-batch-size": "64",
                 "--global-batch-size": "512", "--lr": "0.0001", "--lr-decay-style": "linear", "--min-lr": "0.00001",
                 "--train-iters": "1000000", "--bf16": True, "--vocab-extra-ids": "100", "--init-method-std": "0.015",
-                "--tokenizer-type": "BertWordPieceCase", "--split": "99982,9,9", "--transformer-impl": "local"}
+                "--tokenizer-type": "BertWordPieceCase", "--split": "99982,9,9", "--transformer-impl": "transformer_engine"}
     assert {flag: t5.get(flag) for flag in expected} == expected

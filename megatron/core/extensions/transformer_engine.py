@@ -1,9 +1,10 @@
 """The only module that imports NVIDIA Transformer Engine (TE). TE is optional: nothing else in the
 framework needs it, and asking for it without it installed is an ImportError that says what to do.
 
-This framework has no TE layer spec yet: `--transformer-impl transformer_engine` is refused (with or without
-TE installed), and Megatron-Core's `get_*_with_transformer_engine_*spec()` functions build the local layers,
-the same model in pure PyTorch."""
+This framework has no TE layer spec yet: `--transformer-impl transformer_engine` (Megatron-LM's default) runs
+the same model on this framework's own PyTorch layers, with or without TE installed, and says so in one line;
+Megatron-Core's `get_*_with_transformer_engine_*spec()` functions build the local layers too (they need TE
+installed, as Megatron-Core's do)."""
 
 import importlib
 
@@ -31,17 +32,17 @@ def is_transformer_engine_available() -> bool:
     return import_optional("transformer_engine", instead="the layers are pure PyTorch") is not None
 
 
-TRANSFORMER_IMPL_REFUSAL = (
-    "Transformer Engine layers are not built here yet; use --transformer-impl local (the default: the same model "
-    "in pure PyTorch)"
+TRANSFORMER_IMPL_NOTE = (
+    "the model runs on this framework's own PyTorch layers (the same model as Transformer Engine's layers; "
+    "checkpoints keep the local layer names, e.g. input_layernorm.weight)"
 )
 
 
-def transformer_impl_refusal() -> str:
-    """Why `--transformer-impl transformer_engine` is refused, for an installation with or without TE."""
+def transformer_impl_note() -> str:
+    """What `--transformer-impl transformer_engine` does here, for an installation with or without TE."""
     if is_transformer_engine_available():
-        return f"{TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is installed, but nothing here uses it yet"
-    return f"{TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is not installed either: {INSTALL_COMMAND}"
+        return f"{TRANSFORMER_IMPL_NOTE}; Transformer Engine is installed, but no layer spec here uses it yet"
+    return f"{TRANSFORMER_IMPL_NOTE}; Transformer Engine is not installed"
 
 
 def describe() -> str:

@@ -8,7 +8,6 @@ delete its row.
 import argparse
 from dataclasses import dataclass
 
-from megatron.core.extensions.transformer_engine import transformer_impl_refusal
 from megatron.training.arguments.parser import given_rows
 
 
@@ -59,10 +58,5 @@ UNSUPPORTED = (
 
 
 def find_unsupported(args: argparse.Namespace) -> list:
-    """One message per row of UNSUPPORTED that `args` asks for, and one for `--transformer-impl transformer_engine`."""
-    problems = []
-    for row, shown in given_rows(args, UNSUPPORTED):
-        problems.append(f"{shown}: {row.message}")
-    if getattr(args, "transformer_impl", "local") == "transformer_engine":  # the message depends on TE's presence
-        problems.append(f"--transformer-impl transformer_engine: {transformer_impl_refusal()}")
-    return problems
+    """One message per row of UNSUPPORTED that `args` asks for."""
+    return [f"{shown}: {row.message}" for row, shown in given_rows(args, UNSUPPORTED)]

@@ -84,8 +84,6 @@ def _unsupported_features(args) -> list[str]:
         (getattr(args, "rotary_percent", 1.0) != 1.0, f"--rotary-percent {getattr(args, 'rotary_percent', 1.0)}"),
         (getattr(args, "apply_residual_connection_post_layernorm", False),
          "--apply-residual-connection-post-layernorm"),
-        (getattr(args, "transformer_impl", "local") != "local",
-         f"--transformer-impl {getattr(args, 'transformer_impl', None)} (Transformer Engine parameter names)"),
         ((getattr(args, "virtual_pipeline_model_parallel_size", None) or 1) > 1,
          "--num-layers-per-virtual-pipeline-stage (virtual pipeline stages)"),
         (getattr(args, "decoder_first_pipeline_num_layers", None) is not None

@@ -24,6 +24,10 @@ def add_arguments(parser) -> None:
 def _check_model_type(state: dict, model_type: str, load_dir: str) -> None:
     if model_type != "GPT":
         raise ValueError(f"--model-type {model_type}: the core loader converts GPT checkpoints only so far")
+    te_names = sorted(key for key in state if key.endswith((".layer_norm_weight", ".layer_norm_bias")))
+    if te_names:
+        raise ValueError(f"{load_dir} holds Transformer Engine parameter names ({te_names[0]}, ...: layer norms fused "
+                         "into the next linear layer), which the conversion does not read yet")
     if any(key.startswith("encoder.") for key in state) or "lm_head.dense.weight" in state:
         raise ValueError(f"--model-type GPT but {load_dir} holds a BERT checkpoint (encoder.* / lm_head keys); "
                          "export BERT with tools/checkpoint/export_bert_hf.py")

@@ -116,9 +116,9 @@ class NetworkSizeConfig(Section):
     bert_binary_head: bool = flag(True, names=("--bert-no-binary-head",))
     """Disable the BERT next-sentence (binary) head."""
 
-    transformer_impl: str = flag("local", choices=("local", "transformer_engine", "inference_optimized"))
-    """Layer implementation. Megatron's default is transformer_engine; here the default is local (pure
-    PyTorch), which needs no extra package."""
+    transformer_impl: str = flag("transformer_engine", choices=("local", "transformer_engine", "inference_optimized"))
+    """Layer implementation (Megatron-LM's default, transformer_engine). Both run this framework's own PyTorch
+    layers, the same model; with transformer_engine one line says so."""
 
     spec: list[str] | None = flag(None, nargs="*")
     """<module> <function> returning a custom layer spec, or 'local'."""

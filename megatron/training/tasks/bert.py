@@ -17,10 +17,7 @@ import torch.nn.functional as F
 
 from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
 from megatron.core.models.bert import BertModel
-from megatron.core.models.bert.bert_layer_specs import (
-    get_bert_layer_local_spec,
-    get_bert_layer_with_transformer_engine_spec,
-)
+from megatron.core.models.bert.bert_layer_specs import get_bert_layer_local_spec
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args, get_timers
@@ -46,10 +43,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                          "sentence-order loss to the masked-LM token mean")
     print_rank_0("building BERT model ...")
     config = core_transformer_config_from_args(args)
-    if args.transformer_impl == "transformer_engine":
-        layer_spec = get_bert_layer_with_transformer_engine_spec()
-    else:
-        layer_spec = get_bert_layer_local_spec()
+    # --transformer-impl transformer_engine builds the same local layers (validation says so).
+    layer_spec = get_bert_layer_local_spec()
     return BertModel(
         config=config,
         num_tokentypes=2 if args.bert_binary_head else 0,

@@ -15,7 +15,6 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
-    get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.training.arguments import core_transformer_config_from_args
@@ -26,18 +25,16 @@ from megatron.training.global_vars import get_args, get_timers, get_tokenizer
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> GPTModel:
-    """The GPT of the command line's shape (Megatron-Core's `GPTModel` with the local or TE layer spec)."""
+    """The GPT of the command line's shape (Megatron-Core's `GPTModel` with the local layer spec, which is
+    also what --transformer-impl transformer_engine builds: validation says so in one line)."""
     args = get_args()
     print_rank_0("building GPT model ...")
     config = core_transformer_config_from_args(args)
     spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm)
     if args.num_experts is not None:  # per-layer specs: MoE or dense as --moe-layer-freq says
         layer_spec = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=args.transformer_impl == "transformer_engine",
-            normalization=args.normalization, vp_stage=vp_stage,
+            config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage,
         )
-    elif args.transformer_impl == "transformer_engine":
-        layer_spec = get_gpt_layer_with_transformer_engine_spec(**spec_args)
     else:
         layer_spec = get_gpt_layer_local_spec(**spec_args, normalization=args.normalization)
     return GPTModel(

@@ -14,9 +14,7 @@ from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset, T5Masked
 from megatron.core.models.T5 import T5Model
 from megatron.core.models.T5.t5_spec import (
     get_t5_decoder_with_local_block_spec,
-    get_t5_decoder_with_transformer_engine_block_spec,
     get_t5_encoder_with_local_block_spec,
-    get_t5_encoder_with_transformer_engine_block_spec,
 )
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.console import print_rank_0
@@ -48,12 +46,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, add_enco
     encoder_config.num_layers = args.encoder_num_layers
     config = copy.deepcopy(encoder_config)
     config.num_layers = args.decoder_num_layers or args.encoder_num_layers
-    if args.transformer_impl == "transformer_engine":
-        encoder_spec = get_t5_encoder_with_transformer_engine_block_spec(encoder_config.num_layers)
-        decoder_spec = get_t5_decoder_with_transformer_engine_block_spec(config.num_layers)
-    else:
-        encoder_spec = get_t5_encoder_with_local_block_spec(encoder_config.num_layers)
-        decoder_spec = get_t5_decoder_with_local_block_spec(config.num_layers)
+    # --transformer-impl transformer_engine builds the same local layers (validation says so).
+    encoder_spec = get_t5_encoder_with_local_block_spec(encoder_config.num_layers)
+    decoder_spec = get_t5_decoder_with_local_block_spec(config.num_layers)
     return T5Model(
         config=config,
         encoder_config=encoder_config,

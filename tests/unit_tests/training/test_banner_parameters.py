@@ -28,7 +28,8 @@ def test_banner_states_parameters_kernels_and_the_estimated_memory(monkeypatch):
     text = "\n".join(banner_lines(args, ranks, num_microbatches=2, parameters=1234))
     assert "layout: world size 1 = TP 1 x PP 1 x CP 1 x DP 1 (EP 1)" in text
     assert "model: 1,234 parameters; 64 tokens per iteration (4 sequences of 16)" in text
-    assert "kernels: --transformer-impl local, --attention-backend auto" in text and "  attention: " in text
+    assert ("kernels: --transformer-impl transformer_engine (this framework's PyTorch layers), --attention-backend "
+            "auto") in text and "  attention: " in text
     assert (f"memory per GPU (estimate, first pipeline stage): {format_bytes(estimate.total)} = weights "
             f"{format_bytes(estimate.weights)} + gradients {format_bytes(estimate.gradients)}") in text
     # Without a built model, the arguments' count.

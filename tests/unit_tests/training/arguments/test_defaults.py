@@ -86,12 +86,11 @@ REFERENCE_DEFAULTS = {
     "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
     "moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False, "moe_expert_capacity_factor": None,
     "moe_token_drop_policy": "probs", "moe_shared_expert_intermediate_size": None, "moe_permute_fusion": False,
+    "transformer_impl": "transformer_engine",
 }
 
 # Where this project deliberately differs from Megatron HEAD (each choice is written next to its flag).
-OUR_CHOICES = {
-    "transformer_impl": "local",  # Megatron: transformer_engine, not built here yet
-}
+OUR_CHOICES = {}
 
 
 @pytest.fixture(scope="module")

@@ -117,9 +117,11 @@ def test_allow_listed_flags_are_refused(dest):
     assert reason in _problems(flags)
 
 
-def _non_default_argv(action) -> list:
-    """The flag of `action` with a value other than its default."""
+def _non_default_argv(action, row=None) -> list:
+    """The flag of `action` with a value its table row names, else one other than its default."""
     flag = action.option_strings[0]
+    if row is not None and row.values:
+        return [flag, str(row.values[0])]
     if action.nargs == 0:
         return [flag]
     if action.choices:
@@ -138,5 +140,5 @@ def test_flags_without_effect_say_why(row):
     action = _actions()[_dests_of([row]).pop()]
     output = io.StringIO()
     with redirect_stdout(output):
-        validate_args(parse_args(args_list=[*MINIMAL, *_non_default_argv(action)]))
+        validate_args(parse_args(args_list=[*MINIMAL, *_non_default_argv(action, row)]))
     assert f"{row.flag}" in output.getvalue() and row.reason in output.getvalue()

@@ -1,16 +1,21 @@
 """Features not built yet are refused by name instead of being silently ignored."""
 
-import argparse
 import sys
 import types
 
 import pytest
 
-from megatron.core.extensions.transformer_engine import TRANSFORMER_IMPL_REFUSAL
+from megatron.core.extensions.transformer_engine import (
+    TRANSFORMER_IMPL_NOTE,
+    is_transformer_engine_available,
+    transformer_impl_note,
+)
 from megatron.training.arguments import build_parser
-from megatron.training.arguments.unsupported import UNSUPPORTED, find_unsupported
+from megatron.training.arguments.unsupported import UNSUPPORTED
 
 from .conftest import MINIMAL
+
+TE = is_transformer_engine_available()
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -25,8 +30,6 @@ from .conftest import MINIMAL
     (["--async-save", "--ckpt-format", "torch"],
      "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),
     (["--ckpt-convert-format", "torch_dist"], "--ckpt-convert-format torch_dist needs --ckpt-convert-save and --load"),
-    (["--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine: Transformer Engine "
-                                                   "layers are not built here yet; use --transformer-impl local"),
     (["--transformer-impl", "inference_optimized"], "--transformer-impl inference_optimized: is not supported yet"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
     (["--optimizer", "muon"], "--optimizer muon: is not supported yet; use adam or sgd"),
@@ -36,21 +39,25 @@ def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
 
 
-def test_transformer_engine_refusal_says_whether_te_is_installed(monkeypatch):
-    args = argparse.Namespace(transformer_impl="transformer_engine")
+def test_transformer_engine_runs_the_local_layers_and_says_so(monkeypatch, validated, capsys):
+    """Megatron-LM's default --transformer-impl transformer_engine: validated, with one line saying what runs,
+    for an installation with TE and one without."""
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # makes `import transformer_engine` fail
-    assert find_unsupported(args) == [
-        f"--transformer-impl transformer_engine: {TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is not installed "
-        'either: `pip install "megatron[te]"` (transformer-engine[pytorch], needs CUDA)']
+    assert transformer_impl_note().endswith("; Transformer Engine is not installed")
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
-    assert find_unsupported(args) == [
-        f"--transformer-impl transformer_engine: {TRANSFORMER_IMPL_REFUSAL}. Transformer Engine is installed, but "
-        "nothing here uses it yet"]
+    assert transformer_impl_note().endswith("; Transformer Engine is installed, but no layer spec here uses it yet")
+    capsys.readouterr()
+    assert validated(*MINIMAL).transformer_impl == "transformer_engine"
+    lines = [line for line in capsys.readouterr().out.splitlines() if "--transformer-impl" in line]
+    assert lines == [f"note: --transformer-impl transformer_engine has no effect here: {TRANSFORMER_IMPL_NOTE}; "
+                     f"Transformer Engine is {'installed, but no layer spec here uses it yet' if TE else 'not installed'}"]
+    validated(*MINIMAL, "--transformer-impl", "local")
+    assert "--transformer-impl" not in capsys.readouterr().out
 
 
 def test_defaults_are_accepted(validated):
     args = validated(*MINIMAL)
-    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch_dist", "local", "adam")
+    assert (args.ckpt_format, args.transformer_impl, args.optimizer) == ("torch_dist", "transformer_engine", "adam")
 
 
 def test_every_row_names_a_real_flag():
