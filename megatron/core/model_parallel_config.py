@@ -92,6 +92,11 @@ class ModelParallelConfig:
     autocast_dtype: Optional[torch.dtype] = None
     """dtype for autocast; defaults to `params_dtype`."""
 
+    deterministic_mode: bool = False
+    """Choose kernels whose results do not depend on scheduling (`--deterministic-mode`): the embedding
+    lookup is an index (an ordered backward accumulation) instead of `F.embedding`. The training layer also
+    sets `torch.use_deterministic_algorithms(True)`, which the other layers follow."""
+
     gradient_accumulation_fusion: bool = False
     """Accumulate the weight gradients of the parallel linear layers straight into DDP's fp32
     `main_grad` inside the GEMM (`--gradient-accumulation-fusion`, megatron/core/fusions)."""

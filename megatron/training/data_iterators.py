@@ -1,9 +1,9 @@
 """Train/valid/test data iterators for `pretrain()` (Megatron's `build_train_valid_test_data_iterators`).
 
 Dataset sizes (Megatron-LM's `get_train_valid_test_num_samples`): train = `--train-samples` or iterations
-x global batch; valid = (train_iters // eval_interval + 1) x eval_iters x global batch; test = eval_iters x
-global batch. Loaders start at the consumed-sample counters, so a resumed run continues the exact sample
-order.
+x global batch; valid = (train_iters // eval_interval + 1) x eval_iters x evaluation global batch; test =
+eval_iters x evaluation global batch. The validation and test loaders read evaluation micro-batches. Loaders
+start at the consumed-sample counters, so a resumed run continues the exact sample order.
 """
 
 import itertools
@@ -23,17 +23,17 @@ def get_train_valid_test_num_samples() -> tuple[int, int, int]:
     evaluations = args.train_iters // args.eval_interval + 1 if args.eval_interval else 1
     return (
         train_samples,
-        evaluations * args.eval_iters * args.global_batch_size,
-        args.eval_iters * args.global_batch_size,
+        evaluations * args.eval_iters * args.eval_global_batch_size,
+        args.eval_iters * args.eval_global_batch_size,
     )
 
 
-def _loader(dataset, consumed_samples: int):
+def _loader(dataset, consumed_samples: int, micro_batch_size: int):
     args = get_args()
     return build_pretraining_data_loader(
         dataset,
         consumed_samples,
-        micro_batch_size=args.micro_batch_size,
+        micro_batch_size=micro_batch_size,
         data_parallel_rank=parallel_state.get_data_parallel_rank(),
         data_parallel_size=parallel_state.get_data_parallel_world_size(),
         dataloader_type=args.dataloader_type,
@@ -54,9 +54,10 @@ def build_train_valid_test_data_loaders(provider):
         for name, size in zip(("train", "validation", "test"), sizes):
             print_rank_0(f"    {name}: {size}")
         train_ds, valid_ds, test_ds = provider(sizes)
-        train_loader = _loader(train_ds, args.consumed_train_samples)
-        valid_loader = _loader(valid_ds, 0 if args.skip_train else args.consumed_valid_samples)
-        test_loader = _loader(test_ds, 0)
+        train_loader = _loader(train_ds, args.consumed_train_samples, args.micro_batch_size)
+        valid_loader = _loader(valid_ds, 0 if args.skip_train else args.consumed_valid_samples,
+                               args.eval_micro_batch_size)
+        test_loader = _loader(test_ds, 0, args.eval_micro_batch_size)
         flags = [train_loader is not None and args.train_iters > 0, valid_loader is not None and args.eval_iters > 0,
                  test_loader is not None and args.eval_iters > 0]
     else:

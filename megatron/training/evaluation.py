@@ -18,11 +18,12 @@ from megatron.training.pipeline_loss import broadcast_from_last_stage
 
 
 def evaluate(forward_step_func, data_iterator, model, config) -> dict:
-    """`--eval-iters` global batches forward-only; returns {loss name: global token mean}."""
+    """`--eval-iters` evaluation global batches (--eval-global-batch-size, in micro-batches of
+    --eval-micro-batch-size) forward-only; returns {loss name: global token mean}."""
     args = get_args()
     for chunk in model:
         chunk.eval()
-    num_microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    num_microbatches = args.eval_global_batch_size // (args.eval_micro_batch_size * args.data_parallel_size)
     sums = {}  # key -> tensor([numerator, denominator])
     averaged_keys = set()  # legacy 1-element reports, already averaged over DP by the loss function
     # Evaluation is not part of the training step's forward-backward time (Megatron switches it off too).
@@ -35,7 +36,7 @@ def evaluate(forward_step_func, data_iterator, model, config) -> dict:
                 model=model,
                 num_microbatches=num_microbatches,
                 seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size,
+                micro_batch_size=args.eval_micro_batch_size,
                 decoder_seq_length=args.decoder_seq_length,
                 forward_only=True,
             )
@@ -49,7 +50,7 @@ def evaluate(forward_step_func, data_iterator, model, config) -> dict:
                             averaged_keys.add(key)
                             pair = torch.stack([value[0], torch.ones_like(value[0])])
                         sums[key] = sums.get(key, torch.zeros_like(pair)) + pair
-            args.consumed_valid_samples += args.global_batch_size
+            args.consumed_valid_samples += args.eval_global_batch_size
     config.timers = timers
     for chunk in model:
         chunk.train()

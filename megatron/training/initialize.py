@@ -25,6 +25,7 @@ from megatron.training.arguments import parse_args, validate_args
 from megatron.training.checkpointing import load_args_from_checkpoint
 from megatron.core.tokenizers import build_tokenizer
 from megatron.training.console import print_rank_0
+from megatron.training.determinism import apply_deterministic_mode
 
 
 def initialize_megatron(
@@ -52,6 +53,7 @@ def initialize_megatron(
         return args
 
     _set_logging_level(args)
+    apply_deterministic_mode(args)
 
     _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks)
     set_random_seed(args.seed, args.data_parallel_random_init)

@@ -54,6 +54,7 @@ from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.profiling import LoopInstrumentation, empty_unused_memory, start_memory_history
 from megatron.training.training_log import num_floating_point_operations, training_log
+from megatron.training.weight_hash import check_weight_hashes_across_dp_replicas
 
 
 def pretrain(
@@ -429,6 +430,9 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_iterat
                     params_norm=optimizer.get_params_norm() if args.log_params_norm else None,
                 )
                 instrumentation.after_iteration(iteration)
+                hash_interval = args.check_weight_hash_across_dp_replicas_interval
+                if hash_interval and iteration % hash_interval == 0:
+                    check_weight_hashes_across_dp_replicas(model, iteration)
                 if args.eval_interval and iteration % args.eval_interval == 0 and args.do_valid:
                     bad_step_guard.resolve()
                     timers("interval-time").stop()

@@ -60,7 +60,10 @@ class FlashAttention:
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> context [sq, b, np * hn]."""
         # [s, b, heads, hn] -> [b, s, heads, hn]: views; flash-attn needs only the last dimension contiguous.
         q, k, v = (tensor.transpose(0, 1) for tensor in (query, key, value))
-        out = self.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
+        # Its backward accumulates dq with atomics unless asked for the deterministic one (--deterministic-mode).
+        deterministic = {"deterministic": True} if torch.are_deterministic_algorithms_enabled() else {}
+        out = self.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                   **deterministic)
         # [b, sq, np, hn] -> [sq, b, np * hn]
         sq, b, heads, head_dim = query.shape
         return out.transpose(0, 1).reshape(sq, b, heads * head_dim)

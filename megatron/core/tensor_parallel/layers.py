@@ -350,14 +350,20 @@ class VocabParallelEmbedding(torch.nn.Module):
         _initialize_affine_weight(
             self.weight, (num_embeddings, embedding_dim), 0, init_method, 1, config, rank, world_size
         )
+        self.deterministic_mode = config.deterministic_mode
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        # F.embedding's backward may accumulate the rows of repeated ids in any order; an index's backward
+        # is index_put with accumulation, deterministic under torch.use_deterministic_algorithms.
+        return self.weight[ids] if self.deterministic_mode else F.embedding(ids, self.weight)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
         if self.tp_world_size > 1:
             outside = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
             local_ids = (input_ - self.vocab_start_index).masked_fill(outside, 0)
-            output = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+            output = self._lookup(local_ids).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
-            output = F.embedding(input_, self.weight)
+            output = self._lookup(input_)
         if self.reduce_scatter_embeddings:
             return reduce_scatter_to_sequence_parallel_region(output.transpose(0, 1).contiguous(), group=self.tp_group)
         return reduce_from_tensor_model_parallel_region(output, group=self.tp_group)

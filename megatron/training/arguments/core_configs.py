@@ -101,4 +101,6 @@ def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelCon
     # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
     # with a checkpoint or skips); DDP's own check would raise on the one poisoned rank alone.
     kwargs["check_for_nan_in_grad"] = False
+    # One instance: --num-distributed-optimizer-instances changes only Megatron-LM's speed (without_effect.py).
+    kwargs["num_distributed_optimizer_instances"] = 1
     return DistributedDataParallelConfig(**kwargs)

@@ -4,7 +4,8 @@ Each section derives its own (`derived()` of the sections under megatron/trainin
 widths, the parameters' dtype, ...); `derive_values` adds those that need several sections:
 
     data_parallel_size = world size / (TP x PP x CP)
-    global_batch_size  = micro batch x DP when unset (one microbatch per step)
+    global_batch_size  = micro batch x DP when unset (one microbatch per step); the evaluation batches
+                         default to the training ones
     virtual pipeline stages and the interleaved schedule's defaults (validate_pipeline.py)
     couplings: no RoPE fusion without RoPE, no bias-GELU fusion without biases, the experts' width
     defaulting to the MLP's, no NaN check under fp16 dynamic loss scaling, --load from --save with
@@ -62,6 +63,11 @@ def _batch_values(view) -> dict:
     if gbs >= 1 and gbs % (mbs * dp) == 0:
         print_rank_0(f"global batch size {gbs} = micro batch size {mbs} x {gbs // (mbs * dp)} microbatches "
                      f"x data parallel size {dp}")
+    # Evaluation batches default to the training ones (Megatron-LM's rule).
+    if view.eval_micro_batch_size is None:
+        values["eval_micro_batch_size"] = mbs
+    if view.eval_global_batch_size is None:
+        values["eval_global_batch_size"] = gbs
     return values
 
 

@@ -17,7 +17,7 @@ def _nearest_multiples(value: int, step: int) -> str:
 
 
 def check_batch_sizes(args: argparse.Namespace, problems: list) -> None:
-    """micro batch x DP divides the global batch and every step of the ramp-up."""
+    """micro batch x DP divides the global batch, the evaluation batch and every step of the ramp-up."""
     mbs, dp, gbs = args.micro_batch_size, args.data_parallel_size, args.global_batch_size
     if mbs is None or mbs < 1 or dp is None or gbs is None or gbs < 1:
         return  # reported by the training flags or the parallel layout
@@ -26,6 +26,11 @@ def check_batch_sizes(args: argparse.Namespace, problems: list) -> None:
         problems.append(f"global batch size {gbs} is not a multiple of micro batch size {mbs} x "
                         f"{describe_data_parallel_size(args)}; nearest valid: "
                         f"{_nearest_multiples(gbs, per_microbatch)}")
+    eval_mbs, eval_gbs = args.eval_micro_batch_size, args.eval_global_batch_size
+    if None not in (eval_mbs, eval_gbs) and min(eval_mbs, eval_gbs) >= 1 and eval_gbs % (eval_mbs * dp):
+        problems.append(f"--eval-global-batch-size {eval_gbs} is not a multiple of --eval-micro-batch-size {eval_mbs} x "
+                        f"{describe_data_parallel_size(args)}; nearest valid: "
+                        f"{_nearest_multiples(eval_gbs, eval_mbs * dp)}")
     if args.rampup_batch_size is None or len(args.rampup_batch_size) != 3 or min(args.rampup_batch_size) < 1:
         return
     start, increment, _ = args.rampup_batch_size

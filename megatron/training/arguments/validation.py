@@ -23,10 +23,12 @@ from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.validate_fp8 import check_fp8
 from megatron.training.arguments.validate_model import check_model_shape
 from megatron.training.arguments.validate_moe import check_moe
+from megatron.training.arguments.validate_overlap import check_overlap_options
 from megatron.training.arguments.validate_parallel import check_parallel_layout
 from megatron.training.arguments.validate_schedule import check_batch_sizes, check_run_length
 from megatron.training.arguments.without_effect import print_without_effect_notes
 from megatron.training.config.run_config import RunConfig
+from megatron.training.determinism import check_determinism
 
 
 def _check_precision_aware_optimizer(args, problems: list) -> None:
@@ -54,6 +56,8 @@ CROSS_SECTION_CHECKS = (
     check_fp8,
     check_cuda_graph,
     _check_auto_resume,
+    check_determinism,
+    check_overlap_options,
 )
 
 

@@ -32,6 +32,28 @@ WITHOUT_EFFECT = (
                                             "gradient reduction from its own backward pass, as the flag asks"),
     WithoutEffect("--moe-permute-fusion", f"{_SPEED_ONLY}; the MoE token permutation here is one gather and one "
                                           "scatter-add, with no separate fused kernel"),
+    WithoutEffect("--cross-entropy-fusion-impl", "it picks the kernel of --cross-entropy-loss-fusion (which refuses "
+                                                 "te, as Megatron-LM does)", values=("te",)),
+    WithoutEffect("--use-persistent-ckpt-worker", f"{_SPEED_ONLY}; a background save here is a thread started per "
+                                                  "save, which costs no process start-up"),
+    WithoutEffect("--async-strategy", f"{_SPEED_ONLY}; background saves here are this framework's own (a thread "
+                                      "writing a copy of the tensors)"),
+    WithoutEffect("--async-ckpt-use-cpu-shm", f"{_SPEED_ONLY}; a background save here copies the tensors to host "
+                                              "memory in the training process anyway"),
+    WithoutEffect("--ckpt-assume-constant-structure", f"{_SPEED_ONLY}; each save here plans its writes anew"),
+    WithoutEffect("--num-distributed-optimizer-instances", f"{_SPEED_ONLY}; the optimizer state here is sharded "
+                                                           "over the whole data-parallel group (one instance): the "
+                                                           "same results, less memory per rank"),
+    WithoutEffect("--overlap-param-gather-with-optimizer-step", f"{_SPEED_ONLY}; the parameter all-gathers here "
+                                                                "overlap the next forward pass only"),
+    WithoutEffect("--defer-embedding-wgrad-compute", f"{_SPEED_ONLY}; the output layer's weight gradients here are "
+                                                     "computed in each microbatch's backward pass (the same gradients)"),
+    WithoutEffect("--wgrad-deferral-limit", "it tunes --defer-embedding-wgrad-compute, which has no effect here"),
+    WithoutEffect("--overlap-p2p-communication-warmup-flush", f"{_SPEED_ONLY}; pipeline transfers here are not "
+                                                              "overlapped with compute"),
+    WithoutEffect("--rerun-mode", "Megatron-LM's re-run engine (re-running a step with a NaN or spiky loss) is not "
+                                  "built here; --check-for-nan-in-loss-and-grad and --bad-step-policy stop or skip "
+                                  "such a step", values=("validate_results", "report_stats")),
     WithoutEffect("--fp8-interval", "Transformer Engine ignores it since v1.8, and so does Megatron-LM"),
     # Megatron-LM's default: printed for every run that keeps it.
     WithoutEffect("--transformer-impl", transformer_impl_note(), values=("transformer_engine",)),

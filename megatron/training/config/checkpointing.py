@@ -89,6 +89,21 @@ class CheckpointingConfig(Section):
     async_save: bool | None = flag(None, action="store_true")
     """Write torch_dist checkpoints in the background."""
 
+    use_persistent_ckpt_worker: bool = False
+    """Megatron-LM: keep one background process for --async-save instead of one per save. Here each
+    background save is a thread, which costs no process start-up."""
+
+    async_strategy: str = flag("nvrx", choices=("nvrx", "mcore"))
+    """Megatron-LM's implementation of --async-save (NVIDIA Resiliency Extension or Megatron-Core's); here
+    background saves are this framework's own."""
+
+    async_ckpt_use_cpu_shm: bool = False
+    """Megatron-LM (nvrx): stage the tensors of a background save in CPU shared memory. Here they are copied
+    to host memory in the training process anyway."""
+
+    ckpt_assume_constant_structure: bool = False
+    """Megatron-LM: reuse the save plan of the previous save (faster). Here each save plans anew."""
+
     dist_ckpt_strictness: str = flag("assume_ok_unexpected", choices=STRICT_HANDLING)
     """Key-mismatch policy when loading a torch_dist checkpoint (Megatron-Core's StrictHandling)."""
 

@@ -83,6 +83,15 @@ class DataConfig(Section):
     num_dataset_builder_threads: int = 1
     """Threads per rank that build dataset indices."""
 
+    fim_data: bool = False
+    """Fill-in-the-middle samples (Megatron-LM's FIM dataset)."""
+
+    fim_rate: float = 0.5
+    """Probability that a sample becomes a fill-in-the-middle sample (with --fim-data)."""
+
+    fim_spm_rate: float = 0.5
+    """Probability that a fill-in-the-middle sample is in suffix-prefix-middle order (with --fim-data)."""
+
     mid_level_dataset_surplus: float = 0.005
     """Extra fraction of samples built for each blended dataset."""
 

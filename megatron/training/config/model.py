@@ -6,10 +6,21 @@ Megatron's defaults for the widths left unset:
     kv_channels     = h / heads
 """
 
+import argparse
 from dataclasses import dataclass
 
 from megatron.core.model_parallel_config import legal_sizes
 from megatron.training.config.fields import Section, flag
+
+
+def parse_int_tuple(text):
+    """Megatron-LM's tuple flags: "(4096, 0)" or "4096,0" -> (4096, 0)."""
+    if text is None or isinstance(text, tuple):
+        return text
+    try:
+        return tuple(int(part) for part in str(text).strip("()").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tuple of integers such as \"(4096, 0)\"") from None
 
 
 @dataclass(kw_only=True)
@@ -115,6 +126,9 @@ class NetworkSizeConfig(Section):
 
     bert_binary_head: bool = flag(True, names=("--bert-no-binary-head",))
     """Disable the BERT next-sentence (binary) head."""
+
+    window_size: tuple | None = flag(None, type=parse_int_tuple)
+    """Sliding-window attention: "(left, right)" tokens each query attends to, e.g. "(4096, 0)"."""
 
     transformer_impl: str = flag("transformer_engine", choices=("local", "transformer_engine", "inference_optimized"))
     """Layer implementation (Megatron-LM's default, transformer_engine). Both run this framework's own PyTorch
@@ -239,6 +253,15 @@ class KernelFusionConfig(Section):
     cross_entropy_loss_fusion: bool = False
     """Use the fused cross-entropy kernel."""
 
+    cross_entropy_fusion_impl: str = flag("native", choices=("native", "te"))
+    """Fused cross entropy of --cross-entropy-loss-fusion: native (Megatron-Core's) or te (Transformer
+    Engine's); both are this framework's fused kernel here."""
+
+    deterministic_mode: bool = False
+    """Bit-exact reproducible runs: deterministic kernels only (torch.use_deterministic_algorithms), the
+    library variables NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, CUBLAS_WORKSPACE_CONFIG=:4096:8
+    unless set; slower."""
+
     use_torch_compile: bool = False
     """Compile each transformer layer's training step with torch.compile on CUDA."""
 
@@ -255,6 +278,14 @@ class KernelFusionConfig(Section):
     --cuda-graph-impl full_iteration)."""
 
     def validate(self) -> list[str]:
+        problems = []
+        if self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "te":
+            problems.append("Transformer Engine's cross entropy (--cross-entropy-fusion-impl te) is disabled in "
+                            "Megatron-LM for stability issues: use --cross-entropy-fusion-impl native, or drop "
+                            "--cross-entropy-loss-fusion")
+        return problems + self._cuda_graph_problems()
+
+    def _cuda_graph_problems(self) -> list[str]:
         if self.cuda_graph_impl in ("local", "transformer_engine"):
             return [f"--cuda-graph-impl {self.cuda_graph_impl}: per-layer CUDA graphs are not supported yet; use "
                     "--cuda-graph-impl full_iteration (one graph for the whole forward and backward pass)"]

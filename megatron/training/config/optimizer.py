@@ -20,6 +20,9 @@ class OptimizerChoiceConfig(Section):
     optimizer: str = flag("adam", choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"))
     """adam is AdamW (decoupled weight decay); sgd uses --sgd-momentum."""
 
+    optimizer_cpu_offload: bool = False
+    """Keep the optimizer state on the host and step there (Megatron-LM's hybrid-device optimizer)."""
+
     use_precision_aware_optimizer: bool = False
     """Let the optimizer keep state in lower precision (Adam and --use-distributed-optimizer only); what is
     built: --exp-avg-dtype / --exp-avg-sq-dtype bf16."""

@@ -92,6 +92,26 @@ class DistributedConfig(Section):
     align_param_gather: bool = flag(True, names=("--no-align-param-gather",))
     """Let each pipeline stage launch its parameter all-gather independently."""
 
+    num_distributed_optimizer_instances: int = 1
+    """Megatron-LM: copies of the distributed optimizer over the data-parallel group (each shards over DP /
+    instances ranks; fewer, faster collectives). Here the state is sharded over the whole data-parallel
+    group: the same results, less memory per rank."""
+
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Megatron-LM: start the first bucket's parameter all-gather during the optimizer step (interleaved
+    pipelines). Here the all-gathers overlap the next forward pass only."""
+
+    defer_embedding_wgrad_compute: bool = False
+    """Megatron-LM: compute the output layer's weight gradients during the pipeline flush. Here they are
+    computed in each microbatch's backward pass (the same gradients)."""
+
+    wgrad_deferral_limit: int = 0
+    """Microbatches whose output-layer weight gradients --defer-embedding-wgrad-compute defers (0: all)."""
+
+    overlap_p2p_comm_warmup_flush: bool = flag(False, names=("--overlap-p2p-communication-warmup-flush",))
+    """Megatron-LM: also overlap pipeline send/receive in the warm-up and flush of the interleaved
+    schedule. Here pipeline transfers are not overlapped with compute."""
+
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket (default max(4e7, 1e6 x DP) when overlapping)."""
 

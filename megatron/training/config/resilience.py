@@ -40,6 +40,16 @@ class ResilienceConfig(Section):
     bad_step_skip_budget: int = 10
     """Bad steps --bad-step-policy skip may skip in one run before it stops (default 10)."""
 
+    check_weight_hash_across_dp_replicas_interval: int | None = None
+    """Every this many iterations, check that every data-parallel replica holds the same weights (a hash of
+    each parameter, compared over the data-parallel group); a mismatch stops the run naming the parameter
+    and the ranks."""
+
+    rerun_mode: str | None = flag(None, choices=("disabled", "validate_results", "report_stats"))
+    """Megatron-LM's re-run engine (its default validate_results re-runs a step whose loss is NaN or
+    spiky to tell a transient fault from a persistent one). Not built here: --check-for-nan-in-loss-and-grad
+    and --bad-step-policy stop or skip such a step instead."""
+
     auto_resume: bool = False
     """Resume from the latest complete checkpoint in --save (--load defaults to --save); start afresh when
     there is none."""
@@ -55,6 +65,9 @@ class ResilienceConfig(Section):
                             "the recent mean is a spike)")
         if self.spiky_loss_window < 1:
             problems.append(f"--spiky-loss-window {self.spiky_loss_window} must be at least 1")
+        interval = self.check_weight_hash_across_dp_replicas_interval
+        if interval is not None and interval < 1:
+            problems.append(f"--check-weight-hash-across-dp-replicas-interval {interval} must be positive")
         if self.bad_step_skip_budget < 0:
             problems.append(f"--bad-step-skip-budget {self.bad_step_skip_budget} must be >= 0")
         return problems

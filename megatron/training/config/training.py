@@ -178,12 +178,23 @@ class ValidationConfig(Section):
     multiple_validation_sets: bool = False
     """Evaluate each validation dataset separately."""
 
+    eval_micro_batch_size: int | None = None
+    """Sequences per forward pass in evaluation (default --micro-batch-size)."""
+
+    eval_global_batch_size: int | None = None
+    """Sequences per evaluation iteration (default --global-batch-size); a multiple of
+    --eval-micro-batch-size x data-parallel size."""
+
     def validate(self) -> list[str]:
         problems = []
         if self.eval_interval is not None and self.eval_interval < 1:
             problems.append(f"--eval-interval {self.eval_interval} must be positive")
         if self.eval_iters < 0:
             problems.append(f"--eval-iters {self.eval_iters} must be >= 0")
+        for flag_name, size in (("--eval-micro-batch-size", self.eval_micro_batch_size),
+                                ("--eval-global-batch-size", self.eval_global_batch_size)):
+            if size is not None and size < 1:
+                problems.append(f"{flag_name} {size} must be positive")
         return problems
 
 
