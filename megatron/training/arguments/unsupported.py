@@ -40,8 +40,6 @@ UNSUPPORTED = (
                 ("muon", "dist_muon", "lion", "soap", "adaptive_muon")),
     Unsupported("--step-batch-size-schedule", "is not supported yet; use --rampup-batch-size"),
     Unsupported("--ckpt-format", "is not supported yet; use torch_dist or torch", ("torch_dcp", "fsdp_dtensor")),
-    Unsupported("--ckpt-fully-parallel-load", "reading a distributed checkpoint once per data-parallel group and "
-                                              "exchanging it is not supported yet (every rank reads its own pieces)"),
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
     Unsupported("--adlr-autoresume", "ADLR autoresume needs NVIDIA's internal cluster library"),
@@ -54,9 +52,14 @@ UNSUPPORTED = (
     Unsupported("--fim-spm-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
     Unsupported("--optimizer-cpu-offload", "keeping the optimizer state on the host is not supported yet"),
     Unsupported("--window-size", "sliding-window attention is not supported yet"),
+    Unsupported("--error-injection-rate", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
+                                          "not built here"),
+    Unsupported("--error-injection-type", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
+                                          "not built here"),
+    Unsupported("--test-mode", "Megatron-LM's real-time attention self-tests are not built here"),
     Unsupported("--multiple-validation-sets", "evaluating each validation dataset separately is not supported yet"),
-    Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss or none",
-                ("global_aux_loss", "sinkhorn", "quantile_balancing")),
+    Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss, sinkhorn or "
+                                                    "none", ("global_aux_loss", "quantile_balancing")),
     Unsupported("--moe-router-score-function", "is not supported yet; use softmax or sigmoid", ("sqrtsoftplus",)),
     Unsupported("--moe-token-dispatcher-type", "is not supported yet; use allgather or alltoall", ("flex",)),
 )

@@ -40,6 +40,9 @@ def check_moe(args: argparse.Namespace, problems: list) -> None:
     if args.add_bias_linear and args.moe_shared_expert_intermediate_size is not None:
         problems.append("--moe-shared-expert-intermediate-size: shared experts have no biases (as in Megatron-LM); "
                         "add --disable-bias-linear")
+    if args.moe_router_load_balancing_type == "sinkhorn" and args.moe_aux_loss_coeff:
+        problems.append(f"--moe-router-load-balancing-type sinkhorn has no auxiliary loss (Megatron-LM's rule): drop "
+                        f"--moe-aux-loss-coeff {args.moe_aux_loss_coeff}")
     freq = args.moe_layer_freq
     if isinstance(freq, list) and args.num_layers is not None and len(freq) != args.num_layers:
         problems.append(f"--moe-layer-freq has {len(freq)} entries but --num-layers is {args.num_layers}")

@@ -30,6 +30,16 @@ def check_overlap_options(args: argparse.Namespace, problems: list) -> None:
             problems.append("--defer-embedding-wgrad-compute cannot go with --no-gradient-accumulation-fusion")
         if args.wgrad_deferral_limit < 0:
             problems.append(f"--wgrad-deferral-limit {args.wgrad_deferral_limit} must be >= 0")
+    if args.overlap_moe_expert_parallel_comm:
+        if args.expert_model_parallel_size <= 1:
+            problems.append("--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size > 1")
+        if args.moe_token_dispatcher_type not in ("alltoall", "flex"):
+            problems.append(f"--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall, got "
+                            f"{args.moe_token_dispatcher_type}")
+        if args.recompute_granularity == "full":
+            problems.append("--overlap-moe-expert-parallel-comm cannot go with --recompute-granularity full")
+        if not (args.bf16 or args.fp16):
+            problems.append("--overlap-moe-expert-parallel-comm needs --bf16 or --fp16")
     if args.overlap_p2p_comm_warmup_flush and args.virtual_pipeline_model_parallel_size is None:
         problems.append("--overlap-p2p-communication-warmup-flush needs virtual pipeline stages (the interleaved "
                         "schedule, whose transfers Megatron-LM overlaps)")

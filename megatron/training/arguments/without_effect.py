@@ -40,6 +40,8 @@ WITHOUT_EFFECT = (
                                       "writing a copy of the tensors)"),
     WithoutEffect("--async-ckpt-use-cpu-shm", f"{_SPEED_ONLY}; a background save here copies the tensors to host "
                                               "memory in the training process anyway"),
+    WithoutEffect("--ckpt-fully-parallel-load", f"{_SPEED_ONLY} (each data-parallel group reads a checkpoint once "
+                                                "and exchanges it); every rank here reads its own pieces"),
     WithoutEffect("--ckpt-assume-constant-structure", f"{_SPEED_ONLY}; each save here plans its writes anew"),
     WithoutEffect("--num-distributed-optimizer-instances", f"{_SPEED_ONLY}; the optimizer state here is sharded "
                                                            "over the whole data-parallel group (one instance): the "
@@ -51,6 +53,12 @@ WITHOUT_EFFECT = (
     WithoutEffect("--wgrad-deferral-limit", "it tunes --defer-embedding-wgrad-compute, which has no effect here"),
     WithoutEffect("--overlap-p2p-communication-warmup-flush", f"{_SPEED_ONLY}; pipeline transfers here are not "
                                                               "overlapped with compute"),
+    WithoutEffect("--overlap-moe-expert-parallel-comm", f"{_SPEED_ONLY}; the expert-parallel all-to-alls here are "
+                                                        "not overlapped with computation"),
+    WithoutEffect("--disable-gloo-process-groups", "it only saves Megatron-LM host resources; gloo groups are made "
+                                                   "here (the distributed optimizer's checkpoint gathers and "
+                                                   "background saves use them)"),
+    WithoutEffect("--use-transformer-engine-op-fuser", f"{_SPEED_ONLY}; Transformer Engine is not used here"),
     WithoutEffect("--rerun-mode", "Megatron-LM's re-run engine (re-running a step with a NaN or spiky loss) is not "
                                   "built here; --check-for-nan-in-loss-and-grad and --bad-step-policy stop or skip "
                                   "such a step", values=("validate_results", "report_stats")),

@@ -20,6 +20,7 @@ import os
 from typing import Callable, Tuple
 
 from megatron.core.dist_checkpointing import is_distributed_checkpoint, load, load_common_state_dict, saved_keys
+from megatron.core.dist_checkpointing.integrity import verify_integrity_manifest
 from megatron.core.dist_checkpointing.model_sharding import (
     load_extra_states,
     model_sharded_state_dict,
@@ -164,6 +165,8 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
             f"checkpoint {checkpoint_dir} has no RNG state (it was saved with --no-save-rng); pass --no-load-rng "
             "(or --finetune) to start from this run's seeds instead"
         )
+    if args.verify_integrity:
+        verify_integrity_manifest(checkpoint_dir)
     chunks = model_chunks(model)
     saved = saved_keys(checkpoint_dir)
     request = {model_state_key(index, len(chunks)): without_absent_extra_states(model_sharded_state_dict(chunk), saved)

@@ -30,6 +30,7 @@ from megatron.core import parallel_state
 from megatron.core.dist_checkpointing import ShardedObject, save
 from megatron.core.dist_checkpointing.async_save import AsyncSaveRequest
 from megatron.core.dist_checkpointing.fully_parallel import distribute_replica_writes
+from megatron.core.dist_checkpointing.integrity import save_integrity_manifest
 from megatron.core.dist_checkpointing.model_sharding import is_expert_key, model_sharded_state_dict
 from megatron.core.dist_checkpointing.optimizer_sharding import FULLY_RESHARDABLE, optimizer_checkpoint_entry
 from megatron.core.dist_checkpointing.serialization import split_state_dict
@@ -145,6 +146,8 @@ def save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_schedul
         if dist.is_initialized():
             dist.barrier()
         if not dist.is_initialized() or dist.get_rank() == 0:
+            if getattr(args, "verify_integrity", False):
+                save_integrity_manifest(checkpoint_dir)
             name_latest(save_dir, iteration, release, getattr(args, "save_retain_interval", None))
         print_rank_0(f"  successfully saved checkpoint from iteration {iteration:7d} to {save_dir} [ torch_dist ]")
         if dist.is_initialized():

@@ -84,7 +84,8 @@ class CheckpointingConfig(Section):
     """Do not spread distributed-checkpoint writes over data-parallel ranks."""
 
     ckpt_fully_parallel_load: bool = False
-    """Spread distributed-checkpoint reads over data-parallel ranks."""
+    """Megatron-LM: read a distributed checkpoint once per data-parallel group and exchange it (faster).
+    Here every rank reads its own pieces."""
 
     async_save: bool | None = flag(None, action="store_true")
     """Write torch_dist checkpoints in the background."""
@@ -100,6 +101,10 @@ class CheckpointingConfig(Section):
     async_ckpt_use_cpu_shm: bool = False
     """Megatron-LM (nvrx): stage the tensors of a background save in CPU shared memory. Here they are copied
     to host memory in the training process anyway."""
+
+    verify_integrity: bool = False
+    """torch_dist: write a SHA-256 manifest of each checkpoint's files (integrity.json) when saving, and check
+    the files against it before loading."""
 
     ckpt_assume_constant_structure: bool = False
     """Megatron-LM: reuse the save plan of the previous save (faster). Here each save plans anew."""
@@ -130,6 +135,9 @@ class CheckpointingConfig(Section):
             if self.save_interval is None or self.save_retain_interval % self.save_interval:
                 problems.append(f"--save-retain-interval {self.save_retain_interval} must be a multiple of "
                                 f"--save-interval {self.save_interval}")
+        if self.verify_integrity and self.ckpt_format != "torch_dist":
+            problems.append(f"--verify-integrity hashes torch_dist checkpoints; this run has --ckpt-format "
+                            f"{self.ckpt_format}")
         if self.async_save and self.ckpt_format != "torch_dist":
             problems.append(f"--async-save needs --ckpt-format torch_dist (this run has --ckpt-format "
                             f"{self.ckpt_format})")

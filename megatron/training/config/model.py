@@ -262,6 +262,10 @@ class KernelFusionConfig(Section):
     library variables NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, CUBLAS_WORKSPACE_CONFIG=:4096:8
     unless set; slower."""
 
+    use_transformer_engine_op_fuser: bool = False
+    """Megatron-LM: build the layers with Transformer Engine's operation fuser. Transformer Engine is not
+    used here."""
+
     use_torch_compile: bool = False
     """Compile each transformer layer's training step with torch.compile on CUDA."""
 

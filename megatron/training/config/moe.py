@@ -106,6 +106,10 @@ class MoEConfig(Section):
     moe_token_drop_policy: str = flag("probs", choices=("probs", "position"))
     """Which tokens are dropped above capacity."""
 
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron-LM: overlap the expert-parallel all-to-alls with the computation of another microbatch. Here
+    they are not overlapped (the same results)."""
+
     moe_permute_fusion: bool = False
     """Fuse the token permutation kernels."""
 

@@ -112,6 +112,11 @@ class DistributedConfig(Section):
     """Megatron-LM: also overlap pipeline send/receive in the warm-up and flush of the interleaved
     schedule. Here pipeline transfers are not overlapped with compute."""
 
+    use_gloo_process_groups: bool = flag(True, names=("--disable-gloo-process-groups",))
+    """Megatron-LM: make no gloo process groups (they cost host memory and file descriptors). Here the
+    distributed optimizer's checkpoint gathers and background saves use gloo groups, which are made
+    anyway."""
+
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket (default max(4e7, 1e6 x DP) when overlapping)."""
 

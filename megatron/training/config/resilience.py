@@ -50,6 +50,16 @@ class ResilienceConfig(Section):
     spiky to tell a transient fault from a persistent one). Not built here: --check-for-nan-in-loss-and-grad
     and --bad-step-policy stop or skip such a step instead."""
 
+    error_injection_rate: int = 0
+    """Megatron-LM's re-run engine: inject a wrong result once every this many validations (tests)."""
+
+    error_injection_type: str = flag("transient_error",
+                                     choices=("correct_result", "transient_error", "persistent_error"))
+    """Megatron-LM's re-run engine: the kind of error --error-injection-rate injects."""
+
+    test_mode: bool = False
+    """Megatron-LM: run its real-time self-tests of attention alongside training."""
+
     auto_resume: bool = False
     """Resume from the latest complete checkpoint in --save (--load defaults to --save); start afresh when
     there is none."""

@@ -9,6 +9,13 @@ with p the scores over all experts (softmax, or sigmoid normalised per token) an
 top-k (over those scores) contains expert i. It is minimal (= coeff) for uniform routing.
 Z-loss (ST-MoE): coeff * mean_t logsumexp(logits_t)^2, which keeps the logits small.
 Aux-loss-free balancing (DeepSeek-V3): bias_i += rate * sign(mean_j n_j - n_i) after every step.
+Sinkhorn balancing (BASE layers): in training the experts are the top-k of the doubly-normalised matrix
+
+    P = diag(d0) exp(logits) diag(d1),   d0, d1 iterated until every expert gets 1/E of the mass
+                                         and every token 1/T (mean change of d1 below 1e-4)
+
+and the weights are sigmoid(logits) (k = 1) or softmax(logits) (k > 1) at those experts; in evaluation the
+top-k of the weights themselves. No loss term: the assignment balances the load.
 """
 
 import torch
@@ -23,6 +30,29 @@ def switch_load_balancing_loss_func(
     aggregated_probs_per_expert = probs.sum(dim=0)
     scale = num_experts * moe_aux_loss_coeff / (topk * total_num_tokens * total_num_tokens)
     return torch.sum(aggregated_probs_per_expert * tokens_per_expert) * scale
+
+
+def sinkhorn(cost: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
+    """The doubly-normalised exp(cost) of the module docstring; cost [T, E] in fp32."""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), device=cost.device, dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), device=cost.device, dtype=cost.dtype)
+    eps, error, d1_old = 1e-8, float("inf"), d1
+    while error > tol:
+        d0 = 1.0 / (d0.size(0) * (torch.sum(d1 * cost, 1) + eps))
+        d1 = 1.0 / (d1.size(0) * (torch.sum(d0.unsqueeze(1) * cost, 0) + eps))
+        error = torch.mean(torch.abs(d1_old - d1)).item()
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def sinkhorn_routing(logits: torch.Tensor, topk: int, training: bool):
+    """(probs [T, E], routing_map [T, E] bool) of Sinkhorn balancing (module docstring); logits [T, E] fp32."""
+    weights = torch.sigmoid(logits) if topk == 1 else torch.softmax(logits, dim=-1)
+    with torch.no_grad():
+        _, indices = torch.topk(sinkhorn(logits.detach()) if training else weights, k=topk, dim=1)
+    routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, indices, True)
+    return weights * routing_map, routing_map
 
 
 def z_loss_func(logits: torch.Tensor, z_loss_coeff: float) -> torch.Tensor:

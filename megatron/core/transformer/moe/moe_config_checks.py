@@ -5,8 +5,8 @@ Megatron-LM accepts some fields as one-element lists (`--moe-router-load-balanci
 combination of balancing losses) are not supported yet.
 """
 
-LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
-LOAD_BALANCING_NOT_YET = ("global_aux_loss", "sinkhorn", "quantile_balancing")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+LOAD_BALANCING_NOT_YET = ("global_aux_loss", "quantile_balancing")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DISPATCHERS = ("allgather", "alltoall")
 DROP_POLICIES = ("probs", "position")
@@ -71,6 +71,9 @@ def moe_config_problems(config) -> list:
     elif isinstance(balancing, str) and balancing not in LOAD_BALANCING_TYPES:
         problems.append(f"moe_router_load_balancing_type must be one of {', '.join(LOAD_BALANCING_TYPES)}, "
                         f"got {balancing!r}")
+    if balancing == "sinkhorn" and config.moe_aux_loss_coeff:
+        problems.append(f"moe_router_load_balancing_type 'sinkhorn' has no auxiliary loss (Megatron-LM's rule): set "
+                        f"moe_aux_loss_coeff 0, got {config.moe_aux_loss_coeff}")
     if config.moe_router_score_function not in SCORE_FUNCTIONS:
         problems.append(f"moe_router_score_function {config.moe_router_score_function!r} is not supported yet; "
                         f"use {' or '.join(SCORE_FUNCTIONS)}")

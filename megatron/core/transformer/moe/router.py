@@ -4,6 +4,8 @@
     softmax:          pre_softmax:  probs, idx = topk(softmax(logits), k)
                       otherwise:    top, idx = topk(logits, k);  probs = softmax(top)   (sums to 1)
     sigmoid:          s = sigmoid(logits);  idx = topk(s + expert_bias, k);  probs = s[idx] / sum s[idx]
+    sinkhorn:         idx = topk(Sinkhorn-balanced exp(logits), k) in training (load_balancing.py), probs the
+                      sigmoid (k = 1) or softmax of the logits at idx; no load-balancing loss
     capacity (token dropping, factor c): each expert keeps at most ceil(k T / E * c) of this rank's T
     tokens, those with the highest probs ("probs") or the first ones ("position"); a dropped token's
     slot gets weight 0, so the token passes through the layer on its residual only.
@@ -25,6 +27,7 @@ from megatron.core.tensor_parallel.layers import parameter_device
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.load_balancing import (
     compute_routing_scores_for_aux_loss,
+    sinkhorn_routing,
     switch_load_balancing_loss_func,
     z_loss_func,
 )
@@ -166,15 +169,23 @@ class TopKRouter(MegatronModule):
         training = self.training and torch.is_grad_enabled()
         if training:
             logits = self._apply_z_loss(logits)
-        probs, routing_map = topk_routing_with_capacity(
-            logits,
-            self.topk,
-            score_function=self.config.moe_router_score_function,
-            use_pre_softmax=self.config.moe_router_pre_softmax,
-            expert_bias=self.expert_bias,
-            capacity_factor=self.config.moe_expert_capacity_factor,
-            drop_policy=self.config.moe_token_drop_policy,
-        )
+        if self.config.moe_router_load_balancing_type == "sinkhorn":
+            probs, routing_map = sinkhorn_routing(logits, self.topk, training)
+            if self.config.moe_expert_capacity_factor is not None:
+                capacity = get_capacity(logits.size(0) * self.topk, self.num_experts,
+                                        self.config.moe_expert_capacity_factor)
+                probs, routing_map = _drop_over_capacity(probs, routing_map, capacity,
+                                                         self.config.moe_token_drop_policy)
+        else:
+            probs, routing_map = topk_routing_with_capacity(
+                logits,
+                self.topk,
+                score_function=self.config.moe_router_score_function,
+                use_pre_softmax=self.config.moe_router_pre_softmax,
+                expert_bias=self.expert_bias,
+                capacity_factor=self.config.moe_expert_capacity_factor,
+                drop_policy=self.config.moe_token_drop_policy,
+            )
         if training:
             if self.enable_expert_bias and not _is_recomputation():
                 self.local_tokens_per_expert += routing_map.sum(dim=0)

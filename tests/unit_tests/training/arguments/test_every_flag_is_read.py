@@ -47,6 +47,8 @@ WITHOUT_EFFECT_PROBES = {
                                                    "--overlap-param-gather-with-optimizer-step"],
     "--defer-embedding-wgrad-compute": ["--pipeline-model-parallel-size", "2", "--defer-embedding-wgrad-compute"],
     "--overlap-p2p-communication-warmup-flush": [*_INTERLEAVED, "--overlap-p2p-communication-warmup-flush"],
+    "--overlap-moe-expert-parallel-comm": ["--num-experts", "2", "--expert-model-parallel-size", "2", "--bf16",
+                                           "--moe-token-dispatcher-type", "alltoall", "--overlap-moe-expert-parallel-comm"],
 }
 
 _VALIDATION_FUNCTIONS = ("validate",)

@@ -29,6 +29,7 @@ _INTERLEAVED = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--n
      "--defer-embedding-wgrad-compute needs --pipeline-model-parallel-size > 1"),
     (["--defer-embedding-wgrad-compute", "--no-gradient-accumulation-fusion"],
      "--defer-embedding-wgrad-compute cannot go with --no-gradient-accumulation-fusion"),
+    (["--overlap-moe-expert-parallel-comm"], "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size > 1"),
     (["--overlap-p2p-communication-warmup-flush"], "--overlap-p2p-communication-warmup-flush needs virtual pipeline "
                                                    "stages"),
 ])

@@ -25,7 +25,8 @@ TE = is_transformer_engine_available()
     (["--fp8-param-gather"], "--fp8-param-gather: FP8 parameters and all-gathers are not supported yet"),
     (["--fp4-format", "e2m1"], "--fp4-format e2m1: FP4 training is not supported yet"),
     (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex: is not supported yet; use allgather"),
-    (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type sinkhorn: is not supported yet"),
+    (["--moe-router-load-balancing-type", "global_aux_loss"], "--moe-router-load-balancing-type global_aux_loss: is not "
+                                                              "supported yet"),
     (["--ckpt-format", "torch_dcp"], "--ckpt-format torch_dcp: is not supported yet; use torch_dist or torch"),
     (["--async-save", "--ckpt-format", "torch"],
      "--async-save needs --ckpt-format torch_dist (this run has --ckpt-format torch)"),

@@ -127,3 +127,24 @@ def test_a_checkpoint_without_rng_or_optimizer_names_the_flag_to_pass(tmp_path):
     model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist", "--no-load-rng",
                                                "--no-load-optim")
     assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
+
+
+def test_verify_integrity_writes_a_manifest_and_refuses_a_changed_file(tmp_path):
+    args = make_args("--bf16", "--ckpt-format", "torch_dist", "--save", tmp_path, "--verify-integrity")
+    model, optimizer, scheduler = build_run(args, 1234)
+    save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
+    directory = tmp_path / "iter_0000001"
+    with open(directory / "integrity.json") as file:
+        manifest = json.load(file)
+    assert manifest["algorithm"] == "sha256"
+    assert sorted(manifest["files"]) == sorted(name for name in os.listdir(directory) if name != "integrity.json")
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist", "--verify-integrity")
+    assert load_checkpoint([model], optimizer, scheduler, args=args)[0] == 1
+    damaged = next(name for name in sorted(manifest["files"]) if name.endswith(".distcp"))
+    with open(directory / damaged, "r+b") as file:
+        file.seek(10)
+        file.write(b"\x00\x01\x02")
+    model, optimizer, scheduler, args = _fresh(tmp_path, "--ckpt-format", "torch_dist", "--verify-integrity")
+    with pytest.raises(ValueError, match=f"failed its integrity check \\(--verify-integrity\\):\n  - {damaged}: "
+                                         "SHA-256 .* differs from the manifest's"):
+        load_checkpoint([model], optimizer, scheduler, args=args)

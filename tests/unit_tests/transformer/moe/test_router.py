@@ -144,3 +144,31 @@ def test_router_counts_tokens_for_the_expert_bias_and_bias_moves_by_the_sign():
     updated = get_updated_expert_bias(counts, torch.zeros(1, 4), 0.5)
     assert updated.tolist() == [[-0.5, 0.5, -0.5, 0.5]]
     assert "expert_bias" in router.state_dict() and "local_tokens_per_expert" not in router.state_dict()
+
+
+def test_sinkhorn_balances_a_skewed_router_and_weights_by_the_logits():
+    """Every token prefers expert 0; in training the experts are the top-1 of Sinkhorn's doubly-normalised
+    matrix (which spreads the tokens), weighted by the sigmoid of the raw logits; in evaluation the plain top-1
+    of those weights (all expert 0)."""
+    from megatron.core.transformer.moe.load_balancing import sinkhorn, sinkhorn_routing
+
+    torch.manual_seed(0)
+    logits = torch.randn(8, 4) * 0.1
+    logits[:, 0] += 3.0
+    balanced = sinkhorn(logits)
+    torch.testing.assert_close(balanced.sum(dim=0), torch.full((4,), 1 / 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(balanced.sum(dim=1), torch.full((8,), 1 / 8), atol=1e-4, rtol=0)
+    probs, routing_map = sinkhorn_routing(logits, topk=1, training=True)
+    assert routing_map.nonzero()[:, 1].tolist() == balanced.argmax(dim=1).tolist()
+    assert routing_map.sum(dim=0).max() < 8 and routing_map.sum(dim=1).tolist() == [1] * 8
+    torch.testing.assert_close(probs, torch.sigmoid(logits) * routing_map)
+    _, evaluated = sinkhorn_routing(logits, topk=1, training=False)
+    assert evaluated[:, 0].all()
+    probs, routing_map = sinkhorn_routing(logits, topk=2, training=True)
+    torch.testing.assert_close(probs, torch.softmax(logits, dim=-1) * routing_map)
+    router = TopKRouter(_config(moe_router_load_balancing_type="sinkhorn", moe_router_topk=1))
+    router.weight.data.zero_()
+    router.weight.data[0, 0] = 5.0  # every token with a positive first feature prefers expert 0
+    hidden = torch.randn(8, 8).abs()
+    _, routing_map = router(hidden, seq_length=8, batch_size=1)
+    assert routing_map.sum(dim=0).max() < 8  # plain top-1 would send all 8 tokens to expert 0
