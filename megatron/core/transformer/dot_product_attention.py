@@ -9,7 +9,8 @@ extensions/flash_attn.py) to its `flash_attn_func`, the rest to SDPA.
 
 Masks are boolean with True = masked, broadcastable to [b, np, sq, sk]. With `AttnMaskType.causal` and
 no mask given, the causal mask is built in (SDPA's `is_causal`, no mask tensor at all); a given mask
-replaces it. With context parallelism (CP > 1) the sequence dimension holds this CP rank's two chunks and
+replaces it. `config.window_size` (left, right) also masks the keys outside the sliding window of each query
+(sliding_window_mask), as an explicit mask. With context parallelism (CP > 1) the sequence dimension holds this CP rank's two chunks and
 attention runs over all CP ranks (context_parallel/), causal or unmasked.
 """
 
@@ -96,6 +97,10 @@ class DotProductAttention(MegatronModule):
             attention_mask = None
         causal = attention_mask is None and mask_type == AttnMaskType.causal
         dropout_p = self.dropout_p if self.training else 0.0
+        if self.config.window_size is not None:
+            window = sliding_window_mask(self.config.window_size, causal, query.size(0), key.size(0), query.device)
+            attention_mask = window if attention_mask is None else attention_mask | window
+            causal = False
         if self.config.context_parallel_size > 1:
             return self._context_parallel(query, key, value, attention_mask, causal, dropout_p)
         if self._flash_attention_takes(query, key, attention_mask, causal):
@@ -189,6 +194,21 @@ class DotProductAttention(MegatronModule):
             with _dropout_rng(dropout_p):
                 probs = F.dropout(probs, p=dropout_p)
         return torch.matmul(probs, v)
+
+
+def sliding_window_mask(window_size, causal: bool, sq: int, sk: int, device) -> torch.Tensor:
+    """[sq, sk] bool, True outside the window: query i attends keys j with i' - left <= j <= i' + right,
+    i' = i + sk - sq (the queries are the last sq positions); -1 leaves a side unbounded; `causal` also masks
+    j > i'."""
+    left, right = window_size
+    position = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+    keys = torch.arange(sk, device=device).unsqueeze(0)
+    outside = torch.zeros(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        outside |= keys < position - left
+    if right >= 0 or causal:
+        outside |= keys > position + (0 if causal else right)
+    return outside
 
 
 def _dropout_rng(dropout_p: float):

@@ -266,7 +266,8 @@ class TransformerConfig(ModelParallelConfig):
     """DeepSeek multi-latent attention."""
 
     window_size: Optional[tuple] = None
-    """Sliding-window attention (left, right)."""
+    """Sliding-window attention (left, right): query i attends keys i + sk - sq - left .. i + sk - sq + right
+    (Transformer Engine's convention; -1 is unbounded, and a causal mask also bounds the right side)."""
 
     fp32_residual_connection: bool = False
     """Keep the residual stream in fp32."""
@@ -361,10 +362,15 @@ class TransformerConfig(ModelParallelConfig):
     def _feature_problems(self) -> list[str]:
         not_yet = {
             "multi_latent_attention": self.multi_latent_attention,
-            "window_size": self.window_size is not None,
             "fp32_residual_connection": self.fp32_residual_connection,
         }
         problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
+        if self.window_size is not None:
+            if len(self.window_size) != 2 or min(self.window_size) < -1:
+                problems.append(f"window_size must be (left, right) with -1 for unbounded, got {self.window_size}")
+            if self.context_parallel_size > 1:
+                problems.append("window_size (sliding-window attention) with context_parallel_size > 1 is not "
+                                "supported yet")
         if self.context_parallel_size > 1:
             problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
         return problems

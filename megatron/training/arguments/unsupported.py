@@ -51,7 +51,6 @@ UNSUPPORTED = (
     Unsupported("--fim-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
     Unsupported("--fim-spm-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
     Unsupported("--optimizer-cpu-offload", "keeping the optimizer state on the host is not supported yet"),
-    Unsupported("--window-size", "sliding-window attention is not supported yet"),
     Unsupported("--error-injection-rate", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
                                           "not built here"),
     Unsupported("--error-injection-type", "Megatron-LM's re-run engine, whose validations it injects errors into, is "

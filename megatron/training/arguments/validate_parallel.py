@@ -45,3 +45,6 @@ def check_parallel_layout(args: argparse.Namespace, problems: list) -> None:
     if args.reset_attention_mask:
         problems.append(f"--reset-attention-mask with --context-parallel-size {cp} is not supported yet "
                         f"(context-parallel attention takes no explicit mask)")
+    if args.window_size is not None:
+        problems.append(f"--window-size with --context-parallel-size {cp} is not supported yet (context-parallel "
+                        "attention takes no explicit mask)")

@@ -128,7 +128,8 @@ class NetworkSizeConfig(Section):
     """Disable the BERT next-sentence (binary) head."""
 
     window_size: tuple | None = flag(None, type=parse_int_tuple)
-    """Sliding-window attention: "(left, right)" tokens each query attends to, e.g. "(4096, 0)"."""
+    """Sliding-window attention "(left, right)": each query attends the left keys before it and the right
+    keys after it (-1: unbounded; causal attention has none after), e.g. "(4096, 0)"."""
 
     transformer_impl: str = flag("transformer_engine", choices=("local", "transformer_engine", "inference_optimized"))
     """Layer implementation (Megatron-LM's default, transformer_engine). Both run this framework's own PyTorch
@@ -199,6 +200,8 @@ class NetworkSizeConfig(Section):
                                                        ("--quick-geglu", self.quick_geglu)) if on]
         if len(activations) > 1:
             problems.append(f"choose one activation: {' and '.join(activations)} were both given")
+        if self.window_size is not None and (len(self.window_size) != 2 or min(self.window_size) < -1):
+            problems.append(f"--window-size {self.window_size} must be two numbers (left, right), -1 for unbounded")
         if not 0.0 < self.rotary_percent <= 1.0:
             problems.append(f"--rotary-percent {self.rotary_percent} must be in (0, 1]")
         return problems

@@ -88,3 +88,17 @@ def test_dropout_is_applied_in_training_only():
     torch.testing.assert_close(evaluated, _reference(query, key, value, CAUSAL).float())
     attention.train()
     assert not torch.allclose(attention(query, key, value, None), evaluated)
+
+
+@pytest.mark.parametrize("backend", ["auto", "unfused"])
+@pytest.mark.parametrize("window, mask_type", [((2, 0), AttnMaskType.causal), ((1, 2), AttnMaskType.no_mask),
+                                               ((-1, 0), AttnMaskType.causal)])
+def test_sliding_window(backend, window, mask_type):
+    """--window-size (left, right): query i attends keys i - left .. i + right (and no later key when causal)."""
+    query, key, value = _qkv()
+    i, j = torch.arange(S).unsqueeze(1), torch.arange(S).unsqueeze(0)
+    masked = ((j < i - window[0]) if window[0] >= 0 else torch.zeros(S, S, dtype=torch.bool)) | (
+        j > i + (0 if mask_type == AttnMaskType.causal else window[1]))
+    attention = _attention(backend, mask_type, window_size=window)
+    torch.testing.assert_close(attention(query, key, value, None).double(),
+                               _reference(query, key, value, masked.expand(B, 1, S, S)), rtol=1e-5, atol=1e-5)

@@ -30,6 +30,9 @@ _INTERLEAVED = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--n
     (["--defer-embedding-wgrad-compute", "--no-gradient-accumulation-fusion"],
      "--defer-embedding-wgrad-compute cannot go with --no-gradient-accumulation-fusion"),
     (["--overlap-moe-expert-parallel-comm"], "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size > 1"),
+    (["--window-size", "(4, 0)", "--context-parallel-size", "2"],
+     "--window-size with --context-parallel-size 2 is not supported yet"),
+    (["--window-size", "4,0,1"], "--window-size (4, 0, 1) must be two numbers (left, right)"),
     (["--overlap-p2p-communication-warmup-flush"], "--overlap-p2p-communication-warmup-flush needs virtual pipeline "
                                                    "stages"),
 ])
