@@ -1,5 +1,7 @@
 """The distributed optimizer on two gloo ranks against the plain Megatron optimizer and plain torch (one
-process, AdamW, twice the microbatches), its deferred parameter all-gather, and its state round trip."""
+process, AdamW, twice the microbatches), its deferred parameter all-gather, and its state round trip; on the
+same ranks, the parameter norm of --log-params-norm and the replica check of
+--check-weight-hash-across-dp-replicas-interval."""
 
 from types import SimpleNamespace
 
@@ -10,6 +12,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import DistributedOptimizer, OptimizerConfig, get_megatron_optimizer
+from megatron.training.weight_hash import check_weight_hashes_across_dp_replicas
 from tests.unit_tests.dist_utils import run_distributed
 from tests.unit_tests.distributed.test_distributed_data_parallel import MLP
 
@@ -217,9 +220,26 @@ def check_params_norm():
     assert sharded[1].get_params_norm() == pytest.approx(plain[1].get_params_norm(), rel=1e-6)
 
 
+def check_weight_hashes_across_replicas():
+    """--check-weight-hash-across-dp-replicas-interval: equal replicas pass (the sharded optimizer's deferred
+    all-gather is completed first); one changed weight on rank 1 stops both ranks, naming it and the rank."""
+    ddp, optimizer = build(torch.bfloat16, 1.0, overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=300)
+    train(ddp, optimizer, steps=1)
+    check_weight_hashes_across_dp_replicas([ddp], iteration=1)
+    if dist.get_rank() == 1:
+        with torch.no_grad():
+            ddp.module.fc2.bias[2] += 1.0
+    with pytest.raises(RuntimeError) as error:
+        check_weight_hashes_across_dp_replicas([ddp], iteration=2)
+    assert str(error.value) == ("--check-weight-hash-across-dp-replicas-interval: at iteration 2 the data-parallel "
+                                "replicas hold different weights:\n  - chunk 0 module.fc2.bias: global ranks [1] "
+                                "differ from rank 0")
+
+
 def _distributed_optimizer_checks(rank, world_size):
     parallel_state.initialize_model_parallel()
     check_params_norm()
+    check_weight_hashes_across_replicas()
     check_equals_plain_optimizer_and_torch()
     check_param_gather_waits_for_the_next_forward()
     check_state_round_trip()
