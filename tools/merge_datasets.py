@@ -6,7 +6,6 @@ Datasets are taken in lexicographic order of their prefixes, and the documents o
 previous ones. All must share one dtype. The output appears only when complete. Needs no torch.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder  # noqa: E402
+from megatron.training.errors import ArgumentParser, report_user_error, run_entry_point  # noqa: E402
 
 
 def find_prefixes(directory: str, exclude: str | None = None) -> list[str]:
@@ -45,7 +45,7 @@ def merge(prefixes: list[str], output_prefix: str, multimodal: bool = False) -> 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="directory holding the datasets to merge")
     parser.add_argument("--output-prefix", required=True, help="writes {prefix}.bin and {prefix}.idx")
     parser.add_argument("--multimodal", action="store_true", help="the datasets carry sequence modes")
@@ -54,12 +54,13 @@ def main(argv=None) -> int:
         prefixes = find_prefixes(args.input, exclude=args.output_prefix)
         os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
         merge(prefixes, args.output_prefix, args.multimodal)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:
+        if not report_user_error(error):
+            raise
         return 1
     print(f"Merged {len(prefixes)} datasets into {args.output_prefix}.bin/.idx", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_entry_point(main)

@@ -22,9 +22,10 @@ from megatron.training.arguments.parallel import _add_distributed_args
 from megatron.training.arguments.precision import _add_low_precision_args, _add_mixed_precision_args
 from megatron.training.arguments.resilience import _add_resilience_args
 from megatron.training.arguments.training import _add_autoresume_args, _add_training_args, _add_validation_args
+from megatron.training.errors import ArgumentParser
 
 
-class MegatronArgumentParser(argparse.ArgumentParser):
+class MegatronArgumentParser(ArgumentParser):
     """argparse that answers an unrecognized flag with the closest known one."""
 
     def error(self, message: str):
