@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import DType  # noqa: E402
+from megatron.core.datasets.tokenizer_record import tokenizer_fingerprint  # noqa: E402
 from megatron.core.tokenizers import build_tokenizer  # noqa: E402
 from megatron.preprocessing.encoder import EncoderConfig  # noqa: E402
 from megatron.preprocessing.inputs import find_input_files  # noqa: E402
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
         )
         if args.find_optimal_num_workers:
             return _find_optimal_num_workers(paths, encoder, args)
-        summary = preprocess(paths, args.output_prefix, encoder, args.workers, args.log_interval, args.strict)
+        summary = preprocess(paths, args.output_prefix, encoder, args.workers, args.log_interval, args.strict,
+                             tokenizer_record=tokenizer_fingerprint(args, tokenizer.vocab_size))
     except Exception as error:
         if not report_user_error(error):
             raise

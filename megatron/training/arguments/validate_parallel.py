@@ -7,6 +7,8 @@ The layer split over pipeline stages is checked in validate_pipeline.py.
 
 import argparse
 import math
+import os
+import sys
 
 from megatron.core.model_parallel_config import divisors
 from megatron.core.transformer.context_parallel.context_parallel_attention import (
@@ -32,6 +34,15 @@ def describe_data_parallel_size(args) -> str:
     return f"data parallel size {args.data_parallel_size} (= world size {args.world_size} / ({_layout(args)}))"
 
 
+def _launcher_hint(model_size: int) -> str:
+    """For a process started without torchrun (no WORLD_SIZE): how to start the ranks the layout needs."""
+    if "WORLD_SIZE" in os.environ:
+        return ""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "pretrain_gpt.py"
+    return (f". This is one process started without torchrun: start {model_size} (or a multiple) with "
+            f"torchrun --nproc-per-node {model_size} {script} ...")
+
+
 def derive_parallel_sizes(args: argparse.Namespace, problems: list) -> None:
     """Sets data_parallel_size (None when the layout does not fit the world) and the dependent defaults."""
     sizes = {
@@ -52,7 +63,7 @@ def derive_parallel_sizes(args: argparse.Namespace, problems: list) -> None:
     if min(sizes.values()) >= 1:
         if args.world_size % model_size:
             problems.append(f"world size {args.world_size} is not divisible by {_layout(args)} = {model_size}; "
-                            f"TP x PP x CP must be one of {legal_sizes(args.world_size)}")
+                            f"TP x PP x CP must be one of {legal_sizes(args.world_size)}{_launcher_hint(model_size)}")
         else:
             args.data_parallel_size = args.world_size // model_size
             print_rank_0(f"using world size: {args.world_size}, data-parallel size: {args.data_parallel_size}, "
