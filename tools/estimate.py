@@ -13,9 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clon
 from megatron.training.arguments import parse_args, validate_args  # noqa: E402
 from megatron.training.dry_run import dry_run  # noqa: E402
 from megatron.training.errors import run_entry_point  # noqa: E402
+from megatron.training.preflight import preflight  # noqa: E402
 
 def main() -> None:
-    dry_run(validate_args(parse_args(), {"tokenizer_type": "GPT2BPETokenizer"}))
+    args = validate_args(parse_args(), {"tokenizer_type": "GPT2BPETokenizer"})
+    args.dry_run = True
+    preflight(args)
+    dry_run(args)
 
 
 if __name__ == "__main__":

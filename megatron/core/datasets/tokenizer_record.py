@@ -1,18 +1,20 @@
 """Which tokenizer made a dataset: a sidecar `<prefix>.tokenizer` (JSON) next to `<prefix>.bin/.idx`.
 
     {"tokenizer_type": "GPT2BPETokenizer", "vocab_size": 8000,
-     "vocabulary_files": {"vocab.json": "<sha256>", "merges.txt": "<sha256>"}, "name": null}
+     "vocabulary_files": {"vocab_file": "<sha256>", "merge_file": "<sha256>"}, "name": null}
 
 tools/preprocess_data.py writes it; training compares it with its own tokenizer before the model is built
 and refuses data whose ids come from another vocabulary (two tokenizers of 8000 ids each, a GPT-2 BPE and
 a WordPiece, would otherwise train on each other's ids without an error). Datasets without the sidecar
 (made by Megatron-LM, or before it existed) are accepted as they are.
 
-Two tokenizers share a vocabulary when one of their vocabulary files has the same content (a moved or
-renamed copy is the same vocabulary; `GPT2BPETokenizer` with `vocab.json` and a Hugging Face directory
-holding that `vocab.json` agree), when both are the NullTokenizer of the same size, or when both are the
-same Hugging Face hub id. When one side is a hub id and the other local files, nothing can be told and
-the data is accepted.
+Vocabulary files are recorded by role (the flag that names them: vocab_file, merge_file, tokenizer_model;
+a Hugging Face directory's vocab.json, merges.txt, vocab.txt, tokenizer.model or tokenizer.json by theirs)
+with the SHA-256 of their content. Two tokenizers share a vocabulary when the files of every role both have
+are the same content (a moved or renamed copy is the same vocabulary; `GPT2BPETokenizer` with a `vocab.json`
+and a Hugging Face directory holding that `vocab.json` agree), when both are the NullTokenizer of the same
+size, or when both are the same Hugging Face hub id. When they have no role in common (a hub id against
+local files), nothing can be told and the data is accepted.
 """
 
 import hashlib
@@ -23,8 +25,11 @@ from megatron.core.atomic_write import write_atomically
 from megatron.core.tokenizers.build import FILES_BY_TYPE
 
 SUFFIX = ".tokenizer"
-# The files of a Hugging Face tokenizer directory that define its ids.
-HF_VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model")
+# The files of a Hugging Face tokenizer directory that define its ids, and their roles.
+HF_VOCABULARY_FILES = {
+    "tokenizer.json": "tokenizer_json", "vocab.json": "vocab_file", "merges.txt": "merge_file", "vocab.txt": "vocab_file",
+    "tokenizer.model": "tokenizer_model", "spiece.model": "tokenizer_model",
+}
 
 
 def _sha256(path: str) -> str:
@@ -40,21 +45,21 @@ def tokenizer_fingerprint(args, vocab_size: int | None = None) -> dict:
 
     Cheap: it hashes the vocabulary files (a few MB) and builds no tokenizer."""
     tokenizer_type = args.tokenizer_type
-    paths, name = [], None
+    paths, name = {}, None  # role -> path
     if tokenizer_type == "HuggingFaceTokenizer":
         model = args.tokenizer_model
         if os.path.isdir(model):
-            paths = [os.path.join(model, file) for file in HF_VOCABULARY_FILES if os.path.isfile(os.path.join(model, file))]
+            paths = {role: os.path.join(model, file) for file, role in HF_VOCABULARY_FILES.items()}
         else:
             name = model
     else:
-        paths = [getattr(args, attribute) for attribute in FILES_BY_TYPE.get(tokenizer_type, ())]
+        paths = {attribute: getattr(args, attribute) for attribute in FILES_BY_TYPE.get(tokenizer_type, ())}
     if tokenizer_type == "NullTokenizer":
         vocab_size = args.vocab_size
     return {
         "tokenizer_type": tokenizer_type,
         "vocab_size": vocab_size,
-        "vocabulary_files": {os.path.basename(path): _sha256(path) for path in paths if path and os.path.isfile(path)},
+        "vocabulary_files": {role: _sha256(path) for role, path in paths.items() if path and os.path.isfile(path)},
         "name": name,
     }
 
@@ -91,17 +96,19 @@ def same_vocabulary(first: dict, second: dict) -> bool | None:
     if "NullTokenizer" in (first["tokenizer_type"], second["tokenizer_type"]):
         return first["tokenizer_type"] == second["tokenizer_type"] and first["vocab_size"] == second["vocab_size"]
     files_a, files_b = first.get("vocabulary_files") or {}, second.get("vocabulary_files") or {}
-    if files_a and files_b:
-        return bool(set(files_a.values()) & set(files_b.values()))
+    common = files_a.keys() & files_b.keys()
+    if common:
+        return all(files_a[role] == files_b[role] for role in common)
     if first.get("name") and second.get("name"):
         return first["name"] == second["name"]
     return None
 
 
 def describe(fingerprint: dict) -> str:
-    """'GPT2BPETokenizer (8000 ids; vocab.json 3f2a9c1d..., merges.txt ...)', for messages."""
+    """'GPT2BPETokenizer (8000 ids; merge_file sha256 3f2a9c1d4e5f, vocab_file sha256 ...)', for messages."""
     details = [f"{fingerprint['vocab_size']} ids"] if fingerprint.get("vocab_size") is not None else []
-    details += [f"{name} {digest[:12]}" for name, digest in sorted((fingerprint.get("vocabulary_files") or {}).items())]
+    files = sorted((fingerprint.get("vocabulary_files") or {}).items())
+    details += [f"{role} sha256 {digest[:12]}" for role, digest in files]
     if fingerprint.get("name"):
         details.append(f"hub id {fingerprint['name']}")
     return f"{fingerprint['tokenizer_type']}" + (f" ({'; '.join(details)})" if details else "")

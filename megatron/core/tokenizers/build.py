@@ -54,7 +54,7 @@ def _flag(attribute: str) -> str:
     return "--" + attribute.replace("_", "-")
 
 
-def _problems(args) -> list[str]:
+def tokenizer_problems(args) -> list[str]:
     """Everything wrong with the tokenizer flags, to report at once."""
     tokenizer_type = getattr(args, "tokenizer_type", None)
     if tokenizer_type is None:
@@ -134,7 +134,7 @@ def build_tokenizer(args) -> MegatronTokenizer:
     with `args.make_vocab_size_divisible_by` (default 128) and `args.tensor_model_parallel_size`
     (default 1). Prints Megatron's two log lines on rank 0 (`args.rank`, default 0).
     """
-    problems = _problems(args)
+    problems = tokenizer_problems(args)
     if problems:
         raise ValueError("invalid tokenizer arguments:\n  - " + "\n  - ".join(problems))
     log = getattr(args, "rank", 0) == 0

@@ -107,8 +107,12 @@ def check_learning_rate(args: argparse.Namespace, problems: list) -> None:
     if args.lr is None:
         if not args.skip_train:
             problems.append("--lr is required for training")
+    elif args.lr < 0:
+        problems.append(f"--lr {args.lr} must be >= 0 (the optimizer steps against the gradient by --lr)")
     elif args.min_lr > args.lr:
         problems.append(f"--min-lr {args.min_lr} must be <= --lr {args.lr}")
+    if args.min_lr < 0:
+        problems.append(f"--min-lr {args.min_lr} must be >= 0")
     if args.lr_warmup_fraction is not None and not 0.0 <= args.lr_warmup_fraction <= 1.0:
         problems.append(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1]")
     if args.lr_decay_style == "WSD" and args.lr_wsd_decay_iters is None and args.lr_wsd_decay_samples is None:
