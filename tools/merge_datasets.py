@@ -3,7 +3,9 @@
     python tools/merge_datasets.py --input shards/ --output-prefix merged
 
 Datasets are taken in lexicographic order of their prefixes, and the documents of each follow the
-previous ones. All must share one dtype. The output appears only when complete. Needs no torch.
+previous ones. All must share one dtype, and datasets whose tokenizer records (`<prefix>.tokenizer`,
+written by tools/preprocess_data.py) name different vocabularies are refused; when every input has the
+same record, the output gets it too. The output appears only when complete. Needs no torch.
 """
 
 import os
@@ -13,6 +15,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder  # noqa: E402
+from megatron.core.datasets.tokenizer_record import (  # noqa: E402
+    describe,
+    read_tokenizer_record,
+    same_vocabulary,
+    write_tokenizer_record,
+)
 from megatron.training.errors import ArgumentParser, report_user_error, run_entry_point  # noqa: E402
 
 
@@ -36,11 +44,25 @@ def find_prefixes(directory: str, exclude: str | None = None) -> list[str]:
     return prefixes
 
 
+def common_tokenizer_record(prefixes: list[str]) -> dict | None:
+    """The tokenizer record every input has, None when some have none; ValueError when two differ."""
+    records = {prefix: read_tokenizer_record(prefix) for prefix in prefixes}
+    known = [(prefix, record) for prefix, record in records.items() if record is not None]
+    for prefix, record in known[1:]:
+        if same_vocabulary(known[0][1], record) is False:
+            raise ValueError(f"{known[0][0]} was tokenized with {describe(known[0][1])} but {prefix} with "
+                             f"{describe(record)}: merged, their token ids would mean different words")
+    return known[0][1] if known and len(known) == len(prefixes) else None
+
+
 def merge(prefixes: list[str], output_prefix: str, multimodal: bool = False) -> None:
     first = IndexedDataset(prefixes[0], multimodal=multimodal)
+    record = common_tokenizer_record(prefixes)
     with IndexedDatasetBuilder(output_prefix + ".bin", dtype=first.dtype, multimodal=multimodal) as builder:
         for prefix in prefixes:
             builder.add_index(prefix)
+        if record is not None:
+            write_tokenizer_record(output_prefix, record)
         builder.finalize(output_prefix + ".idx")
 
 

@@ -1,8 +1,12 @@
-"""What tools/preprocess_data.py leaves for training to check: the tokenizer record next to the dataset,
-the first document of a file that starts with a UTF-8 byte order mark, and a progress line every
---log-interval documents. (Empty output and corrupt input are rows of tests/functional_tests/bad_inputs_run.py.)"""
+"""What tools/preprocess_data.py leaves for training to check: the tokenizer record next to the dataset
+(which merge_datasets.py carries over, or refuses to mix), the first document of a file that starts with a
+UTF-8 byte order mark, and a progress line every --log-interval documents. (Empty output and corrupt input
+are rows of tests/functional_tests/bad_inputs_run.py.)"""
 
 import json
+import os
+
+import numpy as np
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.tokenizer_record import read_tokenizer_record
@@ -34,3 +38,24 @@ def test_bom_record_and_progress_every_n_documents(tmp_path, capsys):
     progress = [line.split(" documents")[0] for line in capsys.readouterr().err.splitlines()
                 if line.startswith("Processed ")]
     assert progress == ["Processed 2", "Processed 4", "Processed 6"]
+
+
+def test_merge_keeps_a_common_tokenizer_record_and_refuses_two_vocabularies(tmp_path, capsys):
+    from megatron.core.datasets.tokenizer_record import write_tokenizer_record
+
+    from ..datasets.test_indexed_dataset import build
+
+    merge_datasets = load_tool("merge_datasets")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    gpt2 = {"tokenizer_type": "GPT2BPETokenizer", "vocab_size": 4, "vocabulary_files": {"vocab_file": "1"}, "name": None}
+    for name in ("a", "b"):
+        build(str(shards / name), [[[1, 2]]], np.uint16)
+        write_tokenizer_record(str(shards / name), gpt2)
+    assert merge_datasets.main(["--input", str(shards), "--output-prefix", str(tmp_path / "m")]) == 0
+    assert read_tokenizer_record(str(tmp_path / "m")) == gpt2
+
+    write_tokenizer_record(str(shards / "b"), {**gpt2, "vocabulary_files": {"vocab_file": "2"}})
+    assert merge_datasets.main(["--input", str(shards), "--output-prefix", str(tmp_path / "n")]) == 1
+    assert "shards/a was tokenized with GPT2BPETokenizer (4 ids; vocab_file sha256 1) but" in capsys.readouterr().err
+    assert not any(name.startswith("n") for name in os.listdir(tmp_path))
