@@ -88,8 +88,12 @@ def user_error_message(error: BaseException) -> str | None:
 
 
 def _launch_key() -> str:
-    """What the ranks of one launch on one host share: torchrun's agent is the parent of every local rank."""
-    return "|".join([os.environ.get(name, "") for name in _LAUNCH_VARIABLES] + [str(os.getppid())])
+    """What the ranks of one launch on one host share: torchrun's agent is the parent of every local rank
+    (told apart from a later process with its pid by its start time)."""
+    from megatron.training.processes import process_start
+
+    parent = os.getppid()
+    return "|".join([os.environ.get(name, "") for name in _LAUNCH_VARIABLES] + [f"{parent}@{process_start(parent)}"])
 
 
 def _world_size() -> int:

@@ -101,11 +101,12 @@ def _hf_export(scratch: str) -> str:
 
 def _foreign_lock(scratch: str) -> str:
     """--save DIR whose lock names a live process on this host (this test's parent)."""
-    from megatron.training.checkpoint.save_lock import LOCK_NAME, _process_start
+    from megatron.training.checkpoint.save_lock import LOCK_NAME
+    from megatron.training.processes import process_start
 
     save = os.path.join(scratch, "ckpt")
     os.makedirs(save)
-    holder = {"pid": os.getppid(), "host": socket.gethostname(), "process_start": _process_start(os.getppid()),
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "process_start": process_start(os.getppid()),
               "started": "2026-01-01 00:00:00", "command": "pretrain_gpt.py --save ckpt"}
     with open(os.path.join(save, LOCK_NAME), "w") as stream:
         json.dump(holder, stream)

@@ -22,18 +22,10 @@ import sys
 import time
 
 from megatron.core.atomic_write import write_atomically
+from megatron.training.processes import process_start
 
 LOCK_NAME = ".save.lock"
 _held = set()  # lock files this process holds
-
-
-def _process_start(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (Linux /proc), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as stream:
-            return int(stream.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _alive(holder: dict) -> bool:
@@ -42,7 +34,7 @@ def _alive(holder: dict) -> bool:
     if not isinstance(pid, int):
         return False
     if os.path.isdir("/proc"):
-        start, recorded = _process_start(pid), holder.get("process_start")
+        start, recorded = process_start(pid), holder.get("process_start")
         return start is not None and recorded in (None, start)
     try:
         os.kill(pid, 0)
@@ -57,7 +49,7 @@ def _this_process() -> dict:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "process_start": _process_start(os.getpid()),
+        "process_start": process_start(os.getpid()),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "command": " ".join(os.path.basename(word) if index == 0 else word for index, word in enumerate(sys.argv)),
