@@ -115,3 +115,18 @@ def test_doctor_environment_section_is_never_empty(monkeypatch):
     lines = report()
     section = lines[lines.index("environment:") + 1:]
     assert section == [f"  not set: {', '.join(ENVIRONMENT_VARIABLES)}"]
+
+
+def test_estimate_tool_runs_the_checks_made_before_the_model(monkeypatch, tmp_path, capsys):
+    from megatron.training import global_vars
+    from tests.unit_tests.tools.tool_loader import load_tool
+
+    flags = [flag for flag in BAD_FLAGS if flag not in ("--fp16", "--bf16", "--mock-data")]
+    monkeypatch.setattr("sys.argv", ["estimate.py", *flags, "--data-path", str(tmp_path / "nope"), "--split", "1"])
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_entry_point(load_tool("estimate").main)
+    finally:
+        global_vars.unset_global_variables()
+    assert stopped.value.code == 1
+    assert "error: 1 problem(s) found before building the model:\n  - " in capsys.readouterr().err
