@@ -17,6 +17,7 @@ where they wait for rank 0, and torchrun stops them when rank 0 exits with the e
 rewrite changes the arguments, so it runs on every rank.
 """
 
+import copy
 import os
 import re
 from types import SimpleNamespace
@@ -70,15 +71,22 @@ def _check_lengths(args, problems) -> None:
 
 
 def _check_schedule(args, problems) -> None:
-    """Builds the run's learning-rate scheduler over a stand-in optimizer: its own validation, early."""
+    """Builds the run's learning-rate scheduler over a stand-in optimizer: its own validation, early.
+
+    It is built from a copy of the arguments: building it derives --train-iters from --train-samples, and
+    the real scheduler must start from the arguments as given."""
     if args.skip_train or (args.train_iters is None and args.rampup_batch_size is not None):
         return  # a batch ramp-up needs the microbatch calculator, which exists only after initialisation
+    from megatron.training import global_vars
     from megatron.training.training import get_optimizer_param_scheduler
 
+    global_vars.set_args(copy.copy(args))
     try:
         get_optimizer_param_scheduler(SimpleNamespace(param_groups=[{}]))
     except ValueError as error:
         problems.append(str(error))
+    finally:
+        global_vars.set_args(args)
 
 
 def _is_number(text: str) -> bool:

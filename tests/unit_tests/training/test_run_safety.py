@@ -140,3 +140,23 @@ def test_summary_line_says_what_the_run_did(tmp_path):
     assert run_summary.run_summary(args, later).endswith(
         f"; started from scratch (--load {tmp_path / 'empty'} holds no checkpoint); last checkpoint: none saved by "
         f"this run in {save}")
+
+
+def test_preflight_leaves_the_arguments_of_a_sample_based_run_as_given(monkeypatch):
+    """The schedule check builds a scheduler, which derives --train-iters; the run's must still be unset, or
+    the real scheduler would count --lr-warmup-samples in iterations."""
+    from megatron.training import global_vars
+    from megatron.training.arguments import parse_args, validate_args
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    args = validate_args(parse_args(args_list=(
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+        "--micro-batch-size 2 --train-samples 8 --lr-warmup-samples 4 --lr-decay-samples 8 --lr 1e-3 --mock-data "
+        "--tokenizer-type NullTokenizer --vocab-size 128").split()))
+    global_vars.set_args(args)
+    try:
+        preflight(args)
+        assert global_vars.get_args() is args and args.train_iters is None and args.lr_decay_iters is None
+    finally:
+        global_vars.unset_global_variables()
