@@ -71,15 +71,23 @@ def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, ch
             mismatches.append(f"{name}: checkpoint {saved}, this run {current} ({short_name})")
             resharded.append(name)
     if resharded:
-        mismatches.append(_reshard_hint(args, resharded))
+        mismatches.append(_reshard_hint(args, checkpoint_args, resharded))
     if mismatches:
         raise ValueError(
             f"{checkpoint_name} does not match this run's arguments:\n  - " + "\n  - ".join(mismatches)
         )
 
 
-def _reshard_hint(args, names: list) -> str:
+def _follows_tp(namespace) -> bool:
+    return getattr(namespace, "expert_tensor_parallel_size", None) == getattr(namespace, "tensor_model_parallel_size", 0)
+
+
+def _reshard_hint(args, checkpoint_args, names: list) -> str:
     """The convert.py command that reshards the checkpoint under --load to this run's layout."""
+    if _follows_tp(args) and _follows_tp(checkpoint_args):
+        # The expert TP size follows the TP size on both sides (the default, any dense model): resharding TP
+        # does both.
+        names = [name for name in names if name != "expert_tensor_parallel_size"]
     if any(name not in _RESHARD_FLAGS for name in names):
         return ("a torch-format checkpoint is tied to its parallel layout and tools/checkpoint/convert.py cannot "
                 "change the expert tensor-parallel size yet: run with the checkpoint's")
