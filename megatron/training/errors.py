@@ -75,6 +75,13 @@ def _raised_on_purpose(error: BaseException) -> bool:
     return linecache.getline(filename, trace.tb_lineno).lstrip().startswith("raise")
 
 
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def user_error_message(error: BaseException) -> str | None:
     """The message to print for `error` when it is a user error (see the module docstring), else None."""
     if isinstance(error, OSError) and (error.errno in _ENVIRONMENT_ERRNOS or _raised_on_purpose(error)):
@@ -82,7 +89,7 @@ def user_error_message(error: BaseException) -> str | None:
         return str(error) if error.filename is not None or not error.strerror else error.strerror
     if isinstance(error, (ValueError, NotImplementedError)) and _raised_on_purpose(error):
         return str(error)
-    if isinstance(error, RuntimeError) and any(text in str(error) for text in _PEER_GONE):
+    if isinstance(error, RuntimeError) and _world_size() > 1 and any(text in str(error) for text in _PEER_GONE):
         return PEER_GONE_MESSAGE
     return None
 
@@ -94,13 +101,6 @@ def _launch_key() -> str:
 
     parent = os.getppid()
     return "|".join([os.environ.get(name, "") for name in _LAUNCH_VARIABLES] + [f"{parent}@{process_start(parent)}"])
-
-
-def _world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 def _claim(message: str) -> bool:

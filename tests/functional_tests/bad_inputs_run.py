@@ -12,6 +12,7 @@ from .bad_inputs import (
     BASE,
     BadInput,
     _checkpoint,
+    _environment,
     _gpt2_files,
     _GOOD_MERGES,
     _GOOD_VOCAB,
@@ -151,8 +152,15 @@ def _no_dataset_written(scratch: str) -> None:
 
 
 def _lost_peer(scratch: str) -> None:
-    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-                       "[127.0.0.1]:29500")
+    """A collective of a two-rank job failing because the other rank is gone, under the entry point."""
+    from megatron.training.errors import run_entry_point
+
+    def collective():
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                           "[127.0.0.1]:29500")
+
+    with _environment(WORLD_SIZE="2"):
+        run_entry_point(collective)
 
 
 def _corrupt_gzip(scratch: str) -> None:
