@@ -114,13 +114,16 @@ def _claim(message: str) -> bool:
         now = time.time()
         for name in os.listdir(directory):
             path = os.path.join(directory, name)
-            if now - os.path.getmtime(path) > _MARKER_LIFETIME_SECONDS:
-                os.remove(path)
+            try:
+                if now - os.path.getmtime(path) > _MARKER_LIFETIME_SECONDS:
+                    os.remove(path)
+            except FileNotFoundError:
+                pass  # another rank removed it first
         os.close(os.open(os.path.join(directory, marker), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     except OSError:
-        pass  # no usable temporary directory (or a race on an old marker): print rather than lose it
+        pass  # no usable temporary directory: print rather than lose the message
     return True
 
 
