@@ -50,9 +50,11 @@ from megatron.training.global_vars import (
     get_wandb_writer,
 )
 from megatron.training.initialize import initialize_megatron
+from megatron.training.preflight import preflight
 from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.profiling import LoopInstrumentation, empty_unused_memory, start_memory_history
+from megatron.training.run_summary import print_run_summary
 from megatron.training.training_log import num_floating_point_operations, training_log
 
 
@@ -76,6 +78,7 @@ def pretrain(
                                       parsed_args=parsed_args, skip_mpu_initialization=True)
     # Recorded as Megatron-LM records it; the parameter and memory estimates tell a T5 by it.
     parsed_args.model_type = model_type
+    preflight(parsed_args)
     if parsed_args.dry_run:
         dry_run(parsed_args)
         return
@@ -87,6 +90,7 @@ def pretrain(
     exit_code = _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model_type,
                                     forward_step_func, start)
     _shut_down()
+    print_run_summary(parsed_args, start)
     if exit_code is not None:
         sys.exit(exit_code)
 
@@ -127,6 +131,7 @@ def _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model
         iteration, exit_code = train(
             forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start
         )
+        args.curr_iteration = iteration
         if exit_code is not None:
             return exit_code
         if args.save and iteration != 0 and iteration % args.save_interval != 0:
