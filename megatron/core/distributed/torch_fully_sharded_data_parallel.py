@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from .. import parallel_state
 from ..models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from ..transformer.transformer_layer import TransformerLayer
-from .fsdp.dtensor import local_tensor
+from ..dtensor_shards import is_fully_sharded, local_tensor
 
 # The output layer is sharded as a unit of its own when it holds its own weight (an untied output layer).
 OUTPUT_LAYER_NAME = "output_layer"
@@ -72,8 +72,8 @@ def _param_attributes(module: torch.nn.Module) -> Dict[str, dict]:
 
 
 class TorchFullyShardedDataParallel(torch.nn.Module):
-    """Wraps `module` (a model chunk, on its device, in fp32) and shards it in place; the interface of
-    `DistributedDataParallel`, for the training loop and `finalize_model_grads`.
+    """Wraps `module` (a model chunk on its device, not in a Float16Module) and shards it in place, in fp32;
+    the interface of `DistributedDataParallel`, for the training loop and `finalize_model_grads`.
 
     `config`: the model's TransformerConfig (read: bf16 / fp16, calculate_per_token_loss);
     `ddp_config`: a `TorchFullyShardedDataParallelConfig` (reshard_after_forward, grad_reduce_in_fp32) or a
@@ -90,12 +90,8 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
         if ddp_config.use_distributed_optimizer:
             raise ValueError("FSDP shards the optimizer state itself: it cannot be combined with the distributed "
                              "optimizer (--use-distributed-optimizer)")
-        if any(param.dtype != torch.float32 for param in module.parameters()):
-            raise ValueError("TorchFullyShardedDataParallel shards fp32 params (they are the main params): wrap the "
-                             "module before any conversion to bf16/fp16 (no Float16Module)")
         self.process_group = process_group or parallel_state.get_data_parallel_group(with_context_parallel=True)
         self._check_expert_params()
-        self._broadcast_params()
 
         compute_dtype = _compute_dtype(config)
         reduce_dtype = torch.float32 if ddp_config.grad_reduce_in_fp32 else compute_dtype
@@ -105,15 +101,19 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
         attributes = _param_attributes(module)
         layer_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
         for unit in _units(module):
+            self._prepare_unsharded_params(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=layer_policy)
         # The root's params (final norm, a tied embedding) are used again at the start of backward: keeping them
         # gathered saves an all-gather. Its outputs (losses, logits) come out in fp32, as Float16Module's.
         root_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype,
                                            output_dtype=torch.float32)
+        self._prepare_unsharded_params(module)
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=root_policy)
         for name, param in module.named_parameters():
             for attribute, value in attributes[name].items():
                 setattr(param, attribute, value)
+            # A checkpoint holds the model in the dtype a DDP run keeps its params in (model_sharding.py).
+            param.saved_dtype = compute_dtype
         if getattr(config, "calculate_per_token_loss", False):
             # Sum over the ranks; finalize_model_grads divides by the global token count.
             for sub in self.fsdp_modules():
@@ -132,13 +132,18 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
             raise ValueError("FSDP with expert parallelism (--expert-model-parallel-size > 1) is not supported yet: "
                              "the experts' data-parallel ranks differ from the dense params'")
 
-    def _broadcast_params(self) -> None:
-        """Copies every param from the first rank of the group to the others, before sharding (as DDP does)."""
-        if dist.get_world_size(self.process_group) == 1:
-            return
+    @torch.no_grad()
+    def _prepare_unsharded_params(self, unit: torch.nn.Module) -> None:
+        """Makes the params of `unit` not sharded yet fp32 (a model built in bf16 gets the fp32 main params that
+        Float16OptimizerWithFloat16Params would start from) and copies them from the first rank of the group to
+        the others, as DDP does. Unit by unit, so that only one unit is ever held whole in fp32."""
         source = dist.get_global_rank(self.process_group, 0)
-        with torch.no_grad():
-            for param in self.module.parameters():
+        for param in unit.parameters():
+            if is_fully_sharded(param):
+                continue
+            if param.dtype != torch.float32:
+                param.data = param.data.float()
+            if dist.get_world_size(self.process_group) > 1:
                 dist.broadcast(param.data, src=source, group=self.process_group)
 
     def forward(self, *inputs, **kwargs):

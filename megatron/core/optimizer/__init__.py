@@ -23,7 +23,7 @@ import torch
 
 from .. import parallel_state
 from .chained_optimizer import ChainedOptimizer
-from ..distributed.fsdp.dtensor import is_fully_sharded
+from ..dtensor_shards import is_fully_sharded
 from .distrib_optimizer import DistributedOptimizer
 from .fully_sharded_optimizer import FullyShardedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler

@@ -20,7 +20,7 @@ from typing import Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ..distributed.fsdp.dtensor import local_tensor
+from ..dtensor_shards import local_tensor
 from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
 

@@ -1,6 +1,6 @@
 """`FullyShardedOptimizer`: Adam (or SGD) on the params of a model sharded by `TorchFullyShardedDataParallel`.
 
-Those params are fp32 DTensors, each rank holding its rows of every param (distributed/fsdp/dtensor.py); they
+Those params are fp32 DTensors, each rank holding its rows of every param (dtensor_shards.py); they
 are the main params, so there is no copy to keep: the inner torch optimizer updates the shards in place and
 its moments are DTensors of the same layout. The gradients arrive reduce-scattered (the mean over the
 data-parallel ranks) in the shards' `.grad`.

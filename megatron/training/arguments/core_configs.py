@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from megatron.core.activations import openai_gelu, quick_gelu, squared_relu
 from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+from megatron.core.distributed.torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 from megatron.core.optimizer.optimizer_config import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -74,8 +75,12 @@ def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:
 
 
 def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelConfig:
-    """`DistributedDataParallelConfig` from validated arguments, with Megatron's renamed fields."""
-    kwargs = _same_name_fields(DistributedDataParallelConfig, args)
+    """`DistributedDataParallelConfig` from validated arguments, with Megatron's renamed fields (a
+    `TorchFullyShardedDataParallelConfig` with --use-torch-fsdp2)."""
+    config_class = TorchFullyShardedDataParallelConfig if args.use_torch_fsdp2 else DistributedDataParallelConfig
+    kwargs = _same_name_fields(config_class, args)
+    if args.use_torch_fsdp2:
+        kwargs["reshard_after_forward"] = args.torch_fsdp2_reshard_after_forward
     kwargs.update(
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
         # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
@@ -84,4 +89,4 @@ def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelCon
         bucket_size=args.ddp_bucket_size,
         average_in_collective=args.ddp_average_in_collective,
     )
-    return DistributedDataParallelConfig(**kwargs)
+    return config_class(**kwargs)

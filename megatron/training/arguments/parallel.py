@@ -62,8 +62,17 @@ def _add_distributed_args(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                        help="Parameters per gradient bucket (default max(4e7, 1e6 x DP) when overlapping).")
     group.add_argument("--ddp-average-in-collective", action="store_true",
                        help="Average gradients inside the collective instead of pre-scaling them.")
-    group.add_argument("--use-torch-fsdp2", action="store_true", help="Shard parameters with PyTorch FSDP2.")
-    group.add_argument("--use-megatron-fsdp", action="store_true", help="Shard parameters with Megatron FSDP.")
+    group.add_argument("--use-torch-fsdp2", action="store_true",
+                       help="Shard params, grads and optimizer state over data-parallel ranks with PyTorch FSDP2.")
+    group.add_argument("--torch-fsdp2-no-reshard-after-forward", action="store_false",
+                       dest="torch_fsdp2_reshard_after_forward",
+                       help="With --use-torch-fsdp2: keep each layer's params gathered from forward to backward.")
+    group.add_argument("--use-megatron-fsdp", action="store_true",
+                       help="Shard over data-parallel ranks as --data-parallel-sharding-strategy says.")
+    group.add_argument("--data-parallel-sharding-strategy", default="optim_grads_params",
+                       choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
+                       help="With --use-megatron-fsdp, what is sharded: nothing, optimizer state (ZeRO-1), + grads "
+                            "(ZeRO-2), + params (ZeRO-3).")
     group.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                        dest="gradient_accumulation_fusion",
                        help="Do not fuse weight-gradient accumulation into the fp32 main_grad buffer.")
