@@ -29,9 +29,11 @@ LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every 
 
 
 def _gpt(tensor_parallel_size: int = 1, tied: bool = True) -> GPTModel:
+    """The same weights at any TP size (drawn whole on the CPU); sequence parallelism with TP."""
     torch.manual_seed(11)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
-                               tensor_model_parallel_size=tensor_parallel_size, hidden_dropout=0.0,
+                               tensor_model_parallel_size=tensor_parallel_size,
+                               sequence_parallel=tensor_parallel_size > 1, hidden_dropout=0.0,
                                attention_dropout=0.0, use_cpu_initialization=True)
     return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=tied)
 
@@ -102,3 +104,23 @@ def test_each_sharding_strategy_trains_like_one_process():
             assert weights.keys() == reference_weights.keys()
             for name, value in weights.items():
                 torch.testing.assert_close(value, reference_weights[name], rtol=1e-5, atol=1e-5, msg=lambda message: f"{strategy} {name}: {message}")
+
+
+def _fsdp_with_tensor_parallel(rank, world_size):
+    reference = _reference(2, tied=False)[0]  # before the TP groups exist: a TP=1 model
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    data_parallel_rank = parallel_state.get_data_parallel_rank()
+    model = _gpt(tensor_parallel_size=2, tied=False)
+    wrapped = TorchFullyShardedDataParallel(model.config, TorchFullyShardedDataParallelConfig(), model)
+    units = [type(unit.module if hasattr(unit, "module") else unit).__name__ for unit in wrapped.fsdp_modules()]
+    history, _, _ = _train(wrapped, OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP), data_parallel_rank, 2)
+    return reference, history, units
+
+
+def test_fsdp_times_tensor_parallel_trains_like_one_process():
+    """FSDP=2 x TP=2 with sequence parallelism and an untied output layer (4 ranks): TP inside, FSDP across."""
+    for reference, history, units in run_distributed(_fsdp_with_tensor_parallel, 4):
+        assert len(units) == 5  # two layers, the embedding, the output layer, the root
+        for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference)):
+            assert loss == pytest.approx(expected_loss, rel=1e-5), f"loss at step {step}"
+            assert norm == pytest.approx(expected_norm, rel=1e-5), f"grad norm at step {step}"
