@@ -118,6 +118,7 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
             # Sum over the ranks; finalize_model_grads divides by the global token count.
             for sub in self.fsdp_modules():
                 sub.set_gradient_divide_factor(1.0)
+                sub.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
 
     def fsdp_modules(self) -> Iterable[FSDPModule]:
         return [sub for sub in self.module.modules() if isinstance(sub, FSDPModule)]

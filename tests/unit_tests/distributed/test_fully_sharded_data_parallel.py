@@ -1,5 +1,6 @@
 """Fully sharded data parallelism on gloo ranks against one process: FSDP2 (TorchFullyShardedDataParallel) and
-each of Megatron-FSDP's sharding strategies train a tiny GPT like plain torch AdamW on the whole batch.
+each of Megatron-FSDP's sharding strategies (and ZeRO-3 with --calculate-per-token-loss's summed gradients) train
+a tiny GPT like plain torch AdamW on the whole batch.
 
 Each rank runs its half of every global batch; the reference (run on every rank, alone) runs all of it. fp32
 throughout: the losses, gradient norms and final weights agree to float rounding of the differently ordered
@@ -28,13 +29,14 @@ SEQ, MICRO_BATCH, VOCAB, STEPS = 8, 2, 61, 3
 LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every step
 
 
-def _gpt(tensor_parallel_size: int = 1, tied: bool = True) -> GPTModel:
+def _gpt(tensor_parallel_size: int = 1, tied: bool = True, per_token_loss: bool = False) -> GPTModel:
     """The same weights at any TP size (drawn whole on the CPU); sequence parallelism with TP."""
     torch.manual_seed(11)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
                                tensor_model_parallel_size=tensor_parallel_size,
                                sequence_parallel=tensor_parallel_size > 1, hidden_dropout=0.0,
-                               attention_dropout=0.0, use_cpu_initialization=True)
+                               attention_dropout=0.0, use_cpu_initialization=True,
+                               calculate_per_token_loss=per_token_loss)
     return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=tied)
 
 
@@ -65,8 +67,13 @@ def _train(wrapped, optimizer_config: OptimizerConfig, data_parallel_rank: int, 
         wrapped.zero_grad_buffer()
         optimizer.zero_grad()
         loss = _loss(wrapped, batch.chunk(data_parallel_size)[data_parallel_rank])
-        loss.backward()
-        finalize_model_grads([wrapped])
+        if wrapped.config.calculate_per_token_loss:
+            # Summed over tokens and ranks, then divided by the global token count.
+            (loss * loss.new_tensor(MICRO_BATCH * SEQ)).backward()
+            finalize_model_grads([wrapped], num_tokens=torch.tensor(MICRO_BATCH * SEQ))
+        else:
+            loss.backward()
+            finalize_model_grads([wrapped])
         updated, grad_norm, _ = optimizer.step()
         assert updated
         mean_loss = loss.detach().clone()
@@ -82,9 +89,10 @@ def _train(wrapped, optimizer_config: OptimizerConfig, data_parallel_rank: int, 
 def _strategies(rank, world_size):
     parallel_state.initialize_model_parallel()
     results = {"reference": _reference(world_size, tied=True)}
-    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
-        ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True, data_parallel_sharding_strategy=strategy)
-        model = _gpt()
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params per token"):
+        ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
+                                                   data_parallel_sharding_strategy=strategy.split()[0])
+        model = _gpt(per_token_loss=strategy.endswith("per token"))
         wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
         optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
                                            use_distributed_optimizer=strategy == "optim")
@@ -96,7 +104,7 @@ def test_each_sharding_strategy_trains_like_one_process():
     for results in run_distributed(_strategies, 2):
         reference_history, reference_weights = results.pop("reference")
         for strategy, (history, weights, optimizer) in results.items():
-            sharded = strategy in ("optim_grads", "optim_grads_params")
+            sharded = strategy.startswith("optim_grads")
             assert (optimizer == "FullyShardedOptimizer") == sharded, strategy
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
                 assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
