@@ -104,9 +104,11 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
             self._prepare_unsharded_params(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=layer_policy)
         # The root's params (final norm, a tied embedding) are used again at the start of backward: keeping them
-        # gathered saves an all-gather. Its outputs (losses, logits) come out in fp32, as Float16Module's.
+        # gathered saves an all-gather. The last pipeline stage's outputs (losses, logits) come out in fp32, as
+        # Float16Module's; an earlier stage sends its activations on in the compute dtype.
+        last_stage = getattr(module, "post_process", True)
         root_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype,
-                                           output_dtype=torch.float32)
+                                           output_dtype=torch.float32 if last_stage else None)
         self._prepare_unsharded_params(module)
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=root_policy)
         for name, param in module.named_parameters():

@@ -7,7 +7,8 @@
     optim_grads_params  FSDP2 (as --use-torch-fsdp2)
 
 FSDP2 overlaps its all-gathers and reduce-scatters with compute by itself: --overlap-grad-reduce and
---overlap-param-gather are accepted and change nothing there.
+--overlap-param-gather are accepted and change nothing there. Unlike Megatron-LM, FSDP2 here combines with
+pipeline parallelism (also interleaved) and with tied embeddings.
 """
 
 import argparse
@@ -46,9 +47,6 @@ def check_fsdp(args: argparse.Namespace, problems: list) -> None:
             problems.append("--use-torch-fsdp2 shards the optimizer state itself: drop --use-distributed-optimizer")
     else:
         return
-    if args.pipeline_model_parallel_size > 1:
-        problems.append(f"{flag} with --pipeline-model-parallel-size {args.pipeline_model_parallel_size} is not "
-                        "supported yet (as in Megatron-LM)")
     if args.expert_model_parallel_size > 1:
         problems.append(f"{flag} with --expert-model-parallel-size {args.expert_model_parallel_size} is not "
                         "supported yet (as in Megatron-LM)")

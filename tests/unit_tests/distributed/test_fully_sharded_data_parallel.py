@@ -4,7 +4,8 @@ a tiny GPT like plain torch AdamW on the whole batch.
 
 Each rank runs its half of every global batch; the reference (run on every rank, alone) runs all of it. fp32
 throughout: the losses, gradient norms and final weights agree to float rounding of the differently ordered
-sums (the mean gradient is reduced over the ranks, the norm summed over shards)."""
+sums (the mean gradient is reduced over the ranks, the norm summed over shards). FSDP with TP and PP is
+tested in the 4-rank pipeline harness (pipeline_parallel/test_pipeline_training.py)."""
 
 import pytest
 import torch
@@ -14,13 +15,11 @@ from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallelConfig,
     FullyShardedDataParallel,
-    TorchFullyShardedDataParallel,
-    TorchFullyShardedDataParallelConfig,
     finalize_model_grads,
 )
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.optimizer import FullyShardedOptimizer, OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.transformer_config import TransformerConfig
 from tests.unit_tests.dist_utils import run_distributed
 from tests.unit_tests.reference_training import adamw_reference_steps
@@ -29,15 +28,13 @@ SEQ, MICRO_BATCH, VOCAB, STEPS = 8, 2, 61, 3
 LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every step
 
 
-def _gpt(tensor_parallel_size: int = 1, tied: bool = True, per_token_loss: bool = False) -> GPTModel:
-    """The same weights at any TP size (drawn whole on the CPU); sequence parallelism with TP."""
+def _gpt(per_token_loss: bool = False) -> GPTModel:
     torch.manual_seed(11)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
-                               tensor_model_parallel_size=tensor_parallel_size,
-                               sequence_parallel=tensor_parallel_size > 1, hidden_dropout=0.0,
-                               attention_dropout=0.0, use_cpu_initialization=True,
+                               hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
                                calculate_per_token_loss=per_token_loss)
-    return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=tied)
+    # Tied: the root unit holds the embedding, gathered once for the input and the output layer.
+    return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=True)
 
 
 def _global_batches(data_parallel_size: int) -> list:
@@ -51,8 +48,8 @@ def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).mean()
 
 
-def _reference(data_parallel_size: int, tied: bool) -> list:
-    steps = adamw_reference_steps(_gpt(tied=tied), _global_batches(data_parallel_size), _loss, LR, WEIGHT_DECAY, CLIP)
+def _reference(data_parallel_size: int) -> list:
+    steps = adamw_reference_steps(_gpt(), _global_batches(data_parallel_size), _loss, LR, WEIGHT_DECAY, CLIP)
     return [(step["loss"], step["grad_norm"]) for step in steps[1:]], steps[-1]["weights"]
 
 
@@ -88,7 +85,7 @@ def _train(wrapped, optimizer_config: OptimizerConfig, data_parallel_rank: int, 
 
 def _strategies(rank, world_size):
     parallel_state.initialize_model_parallel()
-    results = {"reference": _reference(world_size, tied=True)}
+    results = {"reference": _reference(world_size)}
     for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params per token"):
         ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
                                                    data_parallel_sharding_strategy=strategy.split()[0])
@@ -113,22 +110,3 @@ def test_each_sharding_strategy_trains_like_one_process():
             for name, value in weights.items():
                 torch.testing.assert_close(value, reference_weights[name], rtol=1e-5, atol=1e-5, msg=lambda message: f"{strategy} {name}: {message}")
 
-
-def _fsdp_with_tensor_parallel(rank, world_size):
-    reference = _reference(2, tied=False)[0]  # before the TP groups exist: a TP=1 model
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    data_parallel_rank = parallel_state.get_data_parallel_rank()
-    model = _gpt(tensor_parallel_size=2, tied=False)
-    wrapped = TorchFullyShardedDataParallel(model.config, TorchFullyShardedDataParallelConfig(), model)
-    units = [type(unit.module if hasattr(unit, "module") else unit).__name__ for unit in wrapped.fsdp_modules()]
-    history, _, _ = _train(wrapped, OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP), data_parallel_rank, 2)
-    return reference, history, units
-
-
-def test_fsdp_times_tensor_parallel_trains_like_one_process():
-    """FSDP=2 x TP=2 with sequence parallelism and an untied output layer (4 ranks): TP inside, FSDP across."""
-    for reference, history, units in run_distributed(_fsdp_with_tensor_parallel, 4):
-        assert len(units) == 5  # two layers, the embedding, the output layer, the root
-        for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference)):
-            assert loss == pytest.approx(expected_loss, rel=1e-5), f"loss at step {step}"
-            assert norm == pytest.approx(expected_norm, rel=1e-5), f"grad norm at step {step}"

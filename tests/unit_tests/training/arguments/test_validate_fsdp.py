@@ -44,8 +44,8 @@ def test_torch_fsdp2_config_carries_reshard_after_forward(validated):
 @pytest.mark.parametrize("flags, expected", [
     (["--use-torch-fsdp2", "--use-megatron-fsdp"], "--use-torch-fsdp2 and --use-megatron-fsdp are two implementations"),
     (["--use-torch-fsdp2", "--use-distributed-optimizer"], "--use-torch-fsdp2 shards the optimizer state itself"),
-    (["--use-torch-fsdp2", "--pipeline-model-parallel-size", "2"],
-     "--use-torch-fsdp2 with --pipeline-model-parallel-size 2 is not supported yet"),
+    (["--use-torch-fsdp2", "--expert-model-parallel-size", "2", "--num-experts", "2"],
+     "--use-torch-fsdp2 with --expert-model-parallel-size 2 is not supported yet"),
     (["--use-megatron-fsdp", "--fp16"],
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params with --fp16 is not supported yet"),
     (["--use-torch-fsdp2", "--save", "ckpt", "--save-interval", "5", "--ckpt-format", "torch"],
