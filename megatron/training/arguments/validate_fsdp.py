@@ -12,8 +12,9 @@ pipeline parallelism (also interleaved) and with tied embeddings.
 """
 
 import argparse
+import os
 
-from megatron.training.arguments.reporting import print_rank_0
+from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
 
 _PARAMS_SHARDED = ("optim_grads", "optim_grads_params")
 
@@ -54,6 +55,10 @@ def check_fsdp(args: argparse.Namespace, problems: list) -> None:
         problems.append(f"{flag} with --fp16 is not supported yet (as in Megatron-LM): use --bf16")
     if args.use_precision_aware_optimizer:
         problems.append(f"{flag} with --use-precision-aware-optimizer is not supported yet")
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        # Megatron-LM refuses this; the run is right either way, only slower.
+        warn_rank_0(f"{flag}: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises FSDP's all-gathers and reduce-scatters with "
+                    "the compute (they run on streams of their own); unset it unless tensor parallelism needs it")
     if args.ckpt_format != "torch_dist" and (args.save is not None or args.load is not None):
         problems.append(f"{flag} saves and loads --ckpt-format torch_dist only (each data-parallel rank holds "
                         f"other rows of every param), not --ckpt-format {args.ckpt_format}")
