@@ -49,6 +49,14 @@ def shards_params(ddp_config: DistributedDataParallelConfig) -> bool:
     return ddp_config.use_megatron_fsdp and _strategy(ddp_config) in _PARAMS_SHARDED
 
 
+def reshards_after_forward(ddp_config: DistributedDataParallelConfig) -> bool:
+    """For a chunk that `shards_params`: whether each unit's gathered params are freed after its forward (ZeRO-3)
+    rather than kept until its backward (ZeRO-2: the whole model gathered while a microbatch is in flight)."""
+    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
+        return ddp_config.reshard_after_forward
+    return _PARAMS_SHARDED[_strategy(ddp_config)]
+
+
 def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, module: torch.nn.Module,
                              disable_bucketing: bool = False, **unused):
     """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
@@ -61,7 +69,7 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
     if strategy in _PARAMS_SHARDED:
         # FSDP2 shards the optimizer itself and prefetches each unit's gather during the previous unit's compute.
         fields.update(use_distributed_optimizer=False, overlap_param_gather=False)
-        fsdp_config = TorchFullyShardedDataParallelConfig(**fields, reshard_after_forward=_PARAMS_SHARDED[strategy])
+        fsdp_config = TorchFullyShardedDataParallelConfig(**fields, reshard_after_forward=reshards_after_forward(ddp_config))
         return TorchFullyShardedDataParallel(config, fsdp_config, module)
     fields["use_distributed_optimizer"] = strategy == "optim"
     if strategy == "no_shard":
