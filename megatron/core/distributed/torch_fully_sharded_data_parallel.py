@@ -26,7 +26,7 @@ unsharded): a full-size gradient is what FSDP exists to avoid.
 """
 
 from contextlib import contextmanager
-from typing import Dict, Iterable, List
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist
@@ -34,9 +34,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .. import parallel_state
+from ..dtensor_shards import is_fully_sharded, local_tensor
 from ..models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from ..transformer.transformer_layer import TransformerLayer
-from ..dtensor_shards import is_fully_sharded, local_tensor
 
 # The output layer is sharded as a unit of its own when it holds its own weight (an untied output layer).
 OUTPUT_LAYER_NAME = "output_layer"
@@ -78,7 +78,7 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
     `config`: the model's TransformerConfig (read: bf16 / fp16, calculate_per_token_loss);
     `ddp_config`: a `TorchFullyShardedDataParallelConfig` (reshard_after_forward, grad_reduce_in_fp32) or a
     plain `DistributedDataParallelConfig` (then ZeRO-3); `process_group`: the ranks to shard over (default:
-    data x context parallel).
+    data x context parallel); `disable_bucketing`: DDP's argument, meaningless here (FSDP2 communicates per unit).
     """
 
     def __init__(self, config, ddp_config, module: torch.nn.Module, disable_bucketing: bool = False,
@@ -122,7 +122,7 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
                 sub.set_gradient_divide_factor(1.0)
                 sub.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
 
-    def fsdp_modules(self) -> Iterable[FSDPModule]:
+    def fsdp_modules(self) -> List[FSDPModule]:
         return [sub for sub in self.module.modules() if isinstance(sub, FSDPModule)]
 
     def _check_expert_params(self) -> None:

@@ -186,7 +186,8 @@ def get_megatron_optimizer(
         expert_optimizer = _build_optimizer(config, expert_groups, model_chunks, is_expert_parallel=True)
         if parallel_state.model_parallel_is_initialized():
             expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
-            if not config.use_distributed_optimizer:  # which reduces its statistics over all ranks already
+            # The distributed and the fully sharded optimizer reduce their statistics over all ranks already.
+            if not (config.use_distributed_optimizer or isinstance(expert_optimizer, FullyShardedOptimizer)):
                 expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
                 expert_optimizer.grad_stats_parallel_group = expert_group
         optimizers.append(expert_optimizer)

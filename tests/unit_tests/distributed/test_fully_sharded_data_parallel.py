@@ -1,6 +1,6 @@
 """Fully sharded data parallelism on gloo ranks against one process: FSDP2 (TorchFullyShardedDataParallel) and
-each of Megatron-FSDP's sharding strategies (and ZeRO-3 with --calculate-per-token-loss's summed gradients) train
-a tiny GPT like plain torch AdamW on the whole batch.
+each of Megatron-FSDP's sharding strategies (and ZeRO-3 with --calculate-per-token-loss's summed gradients, and
+with MoE layers: the experts' own optimizer) train a tiny GPT like plain torch AdamW on the whole batch.
 
 Each rank runs its half of every global batch; the reference (run on every rank, alone) runs all of it. fp32
 throughout: the losses, gradient norms and final weights agree to float rounding of the differently ordered
@@ -28,13 +28,16 @@ SEQ, MICRO_BATCH, VOCAB, STEPS = 8, 2, 61, 3
 LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every step
 
 
-def _gpt(per_token_loss: bool = False) -> GPTModel:
+def _gpt(per_token_loss: bool = False, experts: int | None = None) -> GPTModel:
+    """Tied: the root unit holds the embedding, gathered once for the input and the output layer. With
+    `experts`, MoE layers (top-1, no auxiliary loss, whose batch statistics a data-parallel split changes)."""
     torch.manual_seed(11)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
                                hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
-                               calculate_per_token_loss=per_token_loss)
-    # Tied: the root unit holds the embedding, gathered once for the input and the output layer.
-    return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=True)
+                               calculate_per_token_loss=per_token_loss, num_moe_experts=experts,
+                               moe_router_topk=1)
+    spec = get_gpt_layer_local_spec(num_experts=experts)
+    return GPTModel(config, spec, VOCAB, SEQ, share_embeddings_and_output_weights=True)
 
 
 def _global_batches(data_parallel_size: int) -> list:
@@ -48,8 +51,9 @@ def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).mean()
 
 
-def _reference(data_parallel_size: int) -> list:
-    steps = adamw_reference_steps(_gpt(), _global_batches(data_parallel_size), _loss, LR, WEIGHT_DECAY, CLIP)
+def _reference(data_parallel_size: int, experts: int | None = None) -> list:
+    steps = adamw_reference_steps(_gpt(experts=experts), _global_batches(data_parallel_size), _loss, LR, WEIGHT_DECAY,
+                                  CLIP)
     return [(step["loss"], step["grad_norm"]) for step in steps[1:]], steps[-1]["weights"]
 
 
@@ -85,24 +89,27 @@ def _train(wrapped, optimizer_config: OptimizerConfig, data_parallel_rank: int, 
 
 def _strategies(rank, world_size):
     parallel_state.initialize_model_parallel()
-    results = {"reference": _reference(world_size)}
-    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params per token"):
+    references = {None: _reference(world_size), 2: _reference(world_size, experts=2)}
+    results = {}
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params per token",
+                     "optim_grads_params MoE"):
         ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
                                                    data_parallel_sharding_strategy=strategy.split()[0])
-        model = _gpt(per_token_loss=strategy.endswith("per token"))
+        experts = 2 if strategy.endswith("MoE") else None
+        model = _gpt(per_token_loss=strategy.endswith("per token"), experts=experts)
         wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
         optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
                                            use_distributed_optimizer=strategy == "optim")
-        results[strategy] = _train(wrapped, optimizer_config, rank, world_size)
+        results[strategy] = (*_train(wrapped, optimizer_config, rank, world_size), *references[experts])
     return results
 
 
 def test_each_sharding_strategy_trains_like_one_process():
     for results in run_distributed(_strategies, 2):
-        reference_history, reference_weights = results.pop("reference")
-        for strategy, (history, weights, optimizer) in results.items():
+        for strategy, (history, weights, optimizer, reference_history, reference_weights) in results.items():
             sharded = strategy.startswith("optim_grads")
-            assert (optimizer == "FullyShardedOptimizer") == sharded, strategy
+            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FullyShardedOptimizer"
+                                 if sharded else "DistributedOptimizer" if strategy == "optim" else "FP32Optimizer")
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
                 assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
                 assert norm == pytest.approx(expected_norm, rel=1e-5), f"{strategy}: grad norm at step {step}"
