@@ -1,9 +1,10 @@
 """FSDP against the distributed optimizer on 2 GPUs (NCCL), through pretrain_gpt.py with mock data; one table per
 section at the end.
 
-    python tools/bench/fsdp.py                              # both sections (about 15 minutes on 2 x H100)
-    python tools/bench/fsdp.py --sections speed             # GPT 1.3B only (about 4 minutes)
-    python tools/bench/fsdp.py --sections largest           # the model-size ladder only
+    python tools/bench/fsdp.py                              # both sections (about 20 minutes on 2 x H100)
+    python tools/bench/fsdp.py --sections speed             # GPT 1.3B only (about 5 minutes)
+    python tools/bench/fsdp.py --sections largest --modes distopt,fsdp       # the model-size ladder, in two
+    python tools/bench/fsdp.py --sections largest --modes fsdp-recompute --first-layers 24   # calls
 
 1. speed: GPT 1.3B (24 layers, h 2048, seq 2048, micro batch 4, 2 microbatches per GPU, bf16), 30 iterations,
    in four layouts over DP=2: the distributed optimizer with both overlaps (the reference), --use-torch-fsdp2
@@ -18,8 +19,8 @@ section at the end.
    (4.5B, 6.3B, 8.0B, 9.8B, 11.5B, ... parameters), 4 iterations each, climbing until the first run out of
    memory, for: the distributed optimizer (12 bytes per parameter per GPU at DP=2, plus activations), FSDP
    (8 bytes), FSDP with full recompute (8 bytes, one layer's activations). Each mode starts from the size
-   where the previous mode stopped fitting, minus one step. Per mode: the largest size that trained, its
-   tokens/s/GPU and peak memory, and the first size that did not fit.
+   where the previous mode stopped fitting, minus one step (`--first-layers` for the first mode). Per mode: the
+   largest size that trained, its tokens/s/GPU and peak memory, and the first size that did not fit.
 
 Every run has CUDA_DEVICE_MAX_CONNECTIONS=8 (no tensor parallelism here), so that the collectives' streams run
 beside the compute.
@@ -52,12 +53,12 @@ LLAMA = ["--group-query-attention", "--swiglu", "--normalization", "RMSNorm", "-
          "--vocab-size", "128256", "--seq-length", "4096", "--max-position-embeddings", "4096",
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "4", "--log-interval", "1"]
 LAYER_STEP, FIRST_LAYERS, LAST_LAYERS = 8, 16, 96
-MODES = [
-    ("distributed optimizer", DP2),
-    ("FSDP", ["--use-torch-fsdp2"]),
-    ("FSDP + full recompute", ["--use-torch-fsdp2", "--recompute-granularity", "full", "--recompute-method",
-                               "uniform", "--recompute-num-layers", "1"]),
-]
+MODES = {
+    "distopt": ("distributed optimizer", DP2),
+    "fsdp": ("FSDP", ["--use-torch-fsdp2"]),
+    "fsdp-recompute": ("FSDP + full recompute", ["--use-torch-fsdp2", "--recompute-granularity", "full",
+                                                 "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+}
 RUN_TIMEOUT_S = 600
 # No tensor parallelism here: several CUDA connections let the collectives' streams run beside the compute (FSDP2
 # all-gathers and reduce-scatters on streams of their own; the distributed optimizer's overlapped buckets).
@@ -95,10 +96,10 @@ def speed() -> list[str]:
     return rows
 
 
-def largest() -> list[str]:
+def largest(modes: list[str], first_layers: int) -> list[str]:
     rows = [f"{'mode':<24}{'largest that trains':>22}{'tokens/s/GPU':>14}{'peak GiB':>10}{'first out of memory':>22}"]
-    layers = FIRST_LAYERS
-    for name, flags in MODES:
+    layers = first_layers
+    for name, flags in (MODES[mode] for mode in modes):
         fitted = None
         while layers <= LAST_LAYERS:
             try:
@@ -123,13 +124,16 @@ def largest() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="speed,largest", help="comma-separated: speed, largest")
-    sections = parser.parse_args().sections.split(",")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"largest: comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--first-layers", type=int, default=FIRST_LAYERS, help="largest: the first size tried")
+    options = parser.parse_args()
+    sections = options.sections.split(",")
     if "speed" in sections:
         print("\nGPT 1.3B, bf16, seq 2048, micro batch 4 x 2 microbatches per GPU, DP=2:")
         print("\n".join(speed()), flush=True)
     if "largest" in sections:
         print("\nLlama-style (h 4096, ffn 14336, seq 4096, micro batch 1), 2 GPUs, largest that trains:")
-        print("\n".join(largest()), flush=True)
+        print("\n".join(largest(options.modes.split(","), options.first_layers)), flush=True)
     return 0
 
 
