@@ -33,8 +33,8 @@ import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.model_sharding import TensorPiece, model_tensor_pieces
 from megatron.core.dist_checkpointing.optimizer_buckets import DP_RESHARDABLE, bucket_sharded_state_dict
-from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
 from megatron.core.dtensor_shards import local_tensor
+from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
 from megatron.core.optimizer.distrib_optimizer import _IMPLEMENTATION_KEYS, DistributedOptimizer
 from megatron.core.optimizer.fully_sharded_optimizer import FullyShardedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params

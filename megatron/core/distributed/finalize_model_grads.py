@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import parallel_state
+from ..dtensor_shards import local_tensor
 from ..timers import timed
 from ..transformer.moe.load_balancing import get_updated_expert_bias
-from ..dtensor_shards import local_tensor
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:

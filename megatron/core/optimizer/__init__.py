@@ -22,8 +22,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .. import parallel_state
-from .chained_optimizer import ChainedOptimizer
 from ..dtensor_shards import is_fully_sharded
+from .chained_optimizer import ChainedOptimizer
 from .distrib_optimizer import DistributedOptimizer
 from .fully_sharded_optimizer import FullyShardedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
