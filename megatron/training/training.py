@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, wrap_data_parallel
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.num_microbatches_calculator import (
     get_current_global_batch_size,
@@ -178,7 +179,7 @@ def _shut_down() -> None:
 
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:
     """Builds this rank's model chunks, one per virtual pipeline stage (one without virtual stages):
-    provider -> device -> Float16Module (fp16/bf16) -> DDP."""
+    provider -> device -> Float16Module (fp16/bf16) -> DDP (or FSDP, mcore_fsdp_adapter.py)."""
     args = get_args()
     takes_vp_stage = "vp_stage" in inspect.signature(model_provider_func).parameters
     num_chunks = args.virtual_pipeline_model_parallel_size or 1
@@ -211,12 +212,13 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> li
         if torch.cuda.is_available():
             chunk.cuda(torch.cuda.current_device())
         config = get_model_config(chunk)
-        if args.fp16 or args.bf16:
+        ddp_config = ddp_config_from_args(args)
+        # FSDP keeps fp32 params (its main params) and gathers them in the compute dtype.
+        if (args.fp16 or args.bf16) and not (wrap_with_ddp and shards_params(ddp_config)):
             chunk = Float16Module(config, chunk)
         if wrap_with_ddp:
             # Chunks after the first reduce their gradients at the end of the step, off the critical path.
-            chunk = DistributedDataParallel(config, ddp_config_from_args(args), chunk, disable_bucketing=index > 0)
-            chunk.broadcast_params()
+            chunk = wrap_data_parallel(config, ddp_config, chunk, disable_bucketing=index > 0)
         wrapped.append(chunk)
     return wrapped
 
