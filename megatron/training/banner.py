@@ -22,10 +22,12 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params
 from megatron.core.extensions import apex, flash_attn, transformer_engine
 from megatron.core.fp8 import Fp8Recipe
 from megatron.core.optimizer import adam_step_kernel
 from megatron.doctor import ENVIRONMENT_VARIABLES
+from megatron.training.arguments.core_configs import ddp_config_from_args
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
 from megatron.training.training_log import num_floating_point_operations
@@ -104,7 +106,9 @@ def _optimizer_kernels(args) -> str:
     if args.optimizer != "adam":
         return f"torch {args.optimizer.upper()}"
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mixed_precision = args.bf16 or args.fp16 or args.use_distributed_optimizer
+    # FSDP's fp32 shards are updated by torch's Adam(W) itself (fully_sharded_optimizer.py).
+    fully_sharded = shards_params(ddp_config_from_args(args))
+    mixed_precision = (args.bf16 or args.fp16 or args.use_distributed_optimizer) and not fully_sharded
     bf16_moments = torch.bfloat16 in (args.exp_avg_dtype, args.exp_avg_sq_dtype)
     return f"{adam_step_kernel(device_type, mixed_precision, bf16_moments)}; apex FusedAdam is not used"
 

@@ -23,7 +23,11 @@ Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) or SGD momentum 4, divided by
 DP with the distributed optimizer. Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16
-moments it is 2 + 4 + 8.
+moments it is 2 + 4 + 8. With FSDP sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads and
+optim_grads_params) the fp32 shards are the main params: 4 (weight) + 4 (gradient) + the moments, all divided
+by DP x CP, and with optim_grads (or --torch-fsdp2-no-reshard-after-forward) the weights gathered in the compute
+dtype (2 or 4) from forward to backward on top; the gathered params of the one or two layers computing under
+ZeRO-3 are not counted.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
 (s sequence, b micro batch, B bytes of the activation dtype; masks are 1 byte; fused SDPA attention keeps
@@ -52,7 +56,9 @@ activations are this model's arithmetic, not checked against a measurement.
 
 from dataclasses import dataclass
 
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import reshards_after_forward, shards_params
 from megatron.core.enums import ModelType
+from megatron.training.arguments.core_configs import ddp_config_from_args
 
 GIB = 1024**3
 
@@ -260,14 +266,21 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     else:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
+    weights, gradients = parameters * (2 if mixed else 4), parameters * grad_bytes
     if args.use_distributed_optimizer:
         optimizer //= args.data_parallel_size
+    ddp_config = ddp_config_from_args(args)
+    if shards_params(ddp_config):
+        shards = args.data_parallel_size * args.context_parallel_size
+        gathered = 0 if reshards_after_forward(ddp_config) else weights
+        weights, gradients = parameters * 4 // shards + gathered, parameters * 4 // shards
+        optimizer = parameters * state_bytes // shards
     in_flight = min(args.pipeline_model_parallel_size, num_microbatches)
     activations, full = _activation_bytes(args)
     return MemoryEstimate(
         parameters=parameters,
-        weights=parameters * (2 if mixed else 4),
-        gradients=parameters * grad_bytes,
+        weights=weights,
+        gradients=gradients,
         optimizer=optimizer,
         activations=activations * in_flight,
         activations_full_recompute=full * in_flight,

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, wrap_data_parallel
 from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.num_microbatches_calculator import (
     get_current_global_batch_size,
@@ -50,9 +51,11 @@ from megatron.training.global_vars import (
     get_wandb_writer,
 )
 from megatron.training.initialize import initialize_megatron
+from megatron.training.preflight import preflight
 from megatron.training.progress import ProgressLog
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.profiling import LoopInstrumentation, empty_unused_memory, start_memory_history
+from megatron.training.run_summary import print_run_summary
 from megatron.training.training_log import num_floating_point_operations, training_log
 from megatron.training.weight_hash import check_weight_hashes_across_dp_replicas
 
@@ -77,6 +80,7 @@ def pretrain(
                                       parsed_args=parsed_args, skip_mpu_initialization=True)
     # Recorded as Megatron-LM records it; the parameter and memory estimates tell a T5 by it.
     parsed_args.model_type = model_type
+    preflight(parsed_args)
     if parsed_args.dry_run:
         dry_run(parsed_args)
         return
@@ -88,6 +92,7 @@ def pretrain(
     exit_code = _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model_type,
                                     forward_step_func, start)
     _shut_down()
+    print_run_summary(parsed_args, start)
     if exit_code is not None:
         sys.exit(exit_code)
 
@@ -128,6 +133,7 @@ def _train_and_evaluate(train_valid_test_dataset_provider, model_provider, model
         iteration, exit_code = train(
             forward_step_func, model, optimizer, opt_param_scheduler, train_iterator, valid_iterator, config, start
         )
+        args.curr_iteration = iteration
         if exit_code is not None:
             return exit_code
         if args.save and iteration != 0 and iteration % args.save_interval != 0:
@@ -174,7 +180,7 @@ def _shut_down() -> None:
 
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> list:
     """Builds this rank's model chunks, one per virtual pipeline stage (one without virtual stages):
-    provider -> device -> Float16Module (fp16/bf16) -> DDP."""
+    provider -> device -> Float16Module (fp16/bf16) -> DDP (or FSDP, mcore_fsdp_adapter.py)."""
     args = get_args()
     takes_vp_stage = "vp_stage" in inspect.signature(model_provider_func).parameters
     num_chunks = args.virtual_pipeline_model_parallel_size or 1
@@ -207,12 +213,13 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True) -> li
         if torch.cuda.is_available():
             chunk.cuda(torch.cuda.current_device())
         config = get_model_config(chunk)
-        if args.fp16 or args.bf16:
+        ddp_config = ddp_config_from_args(args)
+        # FSDP keeps fp32 params (its main params) and gathers them in the compute dtype.
+        if (args.fp16 or args.bf16) and not (wrap_with_ddp and shards_params(ddp_config)):
             chunk = Float16Module(config, chunk)
         if wrap_with_ddp:
             # Chunks after the first reduce their gradients at the end of the step, off the critical path.
-            chunk = DistributedDataParallel(config, ddp_config_from_args(args), chunk, disable_bucketing=index > 0)
-            chunk.broadcast_params()
+            chunk = wrap_data_parallel(config, ddp_config, chunk, disable_bucketing=index > 0)
         wrapped.append(chunk)
     return wrapped
 

@@ -103,3 +103,16 @@ def test_distrib_optim_file_has_megatron_layout(runs):
     # Without the param state in it, the model file's optimizer entry holds only the param groups.
     assert all("params" not in group for group in model["optimizer"]["optimizer"]["param_groups"])
     assert numel >= sum(tensor.numel() for tensor in model["model"].values() if torch.is_tensor(tensor)) > 0
+
+
+def test_megatron_fsdp_trains_like_one_process(runs, tmp_path):
+    """--use-megatron-fsdp (its default strategy optim_grads_params: FSDP2, ZeRO-3) with Megatron's overlap flags,
+    through pretrain_gpt.py: the losses and gradient norms of one process, to rounding."""
+    _torchrun(COMMON + ["--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
+                        "--tensorboard-dir", str(tmp_path / "fsdp_tb")])
+    for tag in ("lm loss", "grad-norm"):
+        single = read_scalars(str(runs / "single_tb"), tag)
+        fully_sharded = read_scalars(str(tmp_path / "fsdp_tb"), tag)
+        assert sorted(fully_sharded) == list(range(1, ITERATIONS + 1))
+        for step in single:
+            assert fully_sharded[step] == pytest.approx(single[step], rel=1e-5), f"{tag} at iteration {step}"

@@ -58,7 +58,7 @@ def train(gpus: int, args: list[str], out_of_memory_ok: bool = False, timeout: i
     this process's); None when it ran out of GPU memory and `out_of_memory_ok`. A run still going after
     `timeout` seconds is killed with its workers and raises subprocess.TimeoutExpired."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
-    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="1", **(environment or {}))
+    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1", **(environment or {})}
     process = subprocess.Popen(launcher + [os.path.join(ROOT, "pretrain_gpt.py"), *base, *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     # Progress on stderr, so a run cut short by a time limit still shows what finished.

@@ -16,6 +16,7 @@ import gc
 import io
 import logging
 import os
+from unittest import mock
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "tests", "fixtures", "megatron_lm", "data")
@@ -50,15 +51,18 @@ def cpu_command(entry: dict, scratch: str) -> list[str]:
 
 
 def _parse(argv: list[str]):
-    """Parsed arguments, or the argparse error message (an unknown flag, a bad value)."""
+    """Parsed arguments, or the argparse error message (an unknown flag, a bad value), without the
+    " (see <program> --help)" that names the running program."""
+    from megatron.training import errors
     from megatron.training.arguments import parse_args
 
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
+    reported = []
+    # The parser reports through errors.report_error (once per launch of several ranks); taken here instead.
+    with mock.patch.object(errors, "report_error", reported.append):
+        try:
             return parse_args(args_list=argv)
-    except SystemExit:
-        return stderr.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+        except SystemExit:
+            return reported[-1].rsplit(" (see ", 1)[0]
 
 
 def validation_outcome(argv: list[str], world_size: int) -> str | list[str]:

@@ -122,6 +122,10 @@ def flat_range_boxes(shape: Tuple[int, ...], start: int, stop: int) -> List[Tupl
     return boxes
 
 
+# A piece of a model tensor and where its first element sits in that tensor, flattened.
+TensorPiece = Tuple[ShardedTensor, int]
+
+
 @dataclass
 class ShardedObject:
     """A picklable object of which each rank holds the piece at `global_offset` of a `global_shape` grid

@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+from megatron.core.dist_checkpointing.fully_sharded_pieces import local_row_pieces, shape_carrier
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, TensorPiece
+from megatron.core.dtensor_shards import is_fully_sharded
 
-# A piece of a model tensor and where its first element sits in that tensor, flattened.
-TensorPiece = Tuple[ShardedTensor, int]
 EXPERT_KEY_MARKER = "mlp.experts."
 EXTRA_STATE_SUFFIX = "_extra_state"
 # Megatron-Core's sharded_state_dict_keys_map of its local layer specs (GPT, BERT, T5).
@@ -232,7 +232,8 @@ def _partition_sizes(state: dict, names: List[str], size: int, group) -> Dict[st
 def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor,
                                                                                List[TensorPiece]]]:
     """(state-dict name, live tensor, its pieces) for every tensor of `model.state_dict()` (not the
-    `_extra_state` entries: `model_extra_state_objects`).
+    `_extra_state` entries: `model_extra_state_objects`); an FSDP shard's pieces are this rank's rows of the
+    whole param's (fully_sharded_pieces.py).
 
     Collective over the tensor-parallel group (the partition sizes are gathered).
     """
@@ -252,21 +253,28 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
                                   position.etp_group))
     keys = _Keys(model, prefix)
     for name, tensor in state.items():
-        key, place = keys(name)
-        pipeline_copy = 1 if name in keys.tied else 0
-        mismatch = getattr(tensor, "is_embedding_or_output_parameter", False)
-        if _is_expert(tensor):
-            rank, copy_rank, replica_rank = position.etp_rank, position.etp_rank, position.edp_rank
+        if is_fully_sharded(tensor):
+            yield name, tensor, local_row_pieces(_tensor_pieces(name, shape_carrier(tensor), keys, sizes, position),
+                                                 tensor)
         else:
-            rank, copy_rank, replica_rank = position.tp_rank, position.tp_rank, position.dp_rank
-        if name not in sizes:
-            shape, offset = _place(place).prepend(tuple(tensor.shape), (0,) * tensor.dim())
-            piece = ShardedTensor(key, _stacked(tensor, place), shape, offset, (pipeline_copy, copy_rank, replica_rank),
-                                  allow_shape_mismatch=mismatch)
-            yield name, tensor, [(piece, 0)]
-            continue
-        yield name, tensor, _partitioned_pieces(key, tensor, sizes[name], rank, (pipeline_copy, 0, replica_rank),
-                                                mismatch, place)
+            yield name, tensor, _tensor_pieces(name, tensor, keys, sizes, position)
+
+
+def _tensor_pieces(name: str, tensor: torch.Tensor, keys: "_Keys", sizes: Dict[str, List[int]],
+                   position: _Position) -> List[TensorPiece]:
+    """The pieces of the (TP-local) state-dict tensor `name`."""
+    key, place = keys(name)
+    pipeline_copy = 1 if name in keys.tied else 0
+    mismatch = getattr(tensor, "is_embedding_or_output_parameter", False)
+    if _is_expert(tensor):
+        rank, copy_rank, replica_rank = position.etp_rank, position.etp_rank, position.edp_rank
+    else:
+        rank, copy_rank, replica_rank = position.tp_rank, position.tp_rank, position.dp_rank
+    if name not in sizes:
+        shape, offset = _place(place).prepend(tuple(tensor.shape), (0,) * tensor.dim())
+        return [(ShardedTensor(key, _stacked(tensor, place), shape, offset, (pipeline_copy, copy_rank, replica_rank),
+                               allow_shape_mismatch=mismatch), 0)]
+    return _partitioned_pieces(key, tensor, sizes[name], rank, (pipeline_copy, 0, replica_rank), mismatch, place)
 
 
 def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch, place) -> List[TensorPiece]:
@@ -358,12 +366,24 @@ def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None
             module.load_state_dict({EXTRA_STATE_SUFFIX: value}, strict=False)
 
 
-def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "") -> Dict[str, object]:
+def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loading: bool = False,
+                             without_fully_sharded: bool = False) -> Dict[str, object]:
     """{state-dict name: ShardedTensor (or a list of them for strided partitions) or ShardedObject} of
     `model`; the tensors' data are the live tensors, so loading into it loads the model in place (the
-    `_extra_state` objects then go in with `load_extra_states`). Collective over TP."""
+    `_extra_state` objects then go in with `load_extra_states`). Collective over TP.
+
+    FSDP shards (fully_sharded_pieces.py) are saved in their `saved_dtype` (the dtype a DDP run of the same
+    precision keeps its params in: bf16 copies of the fp32 shards under --bf16) and loaded into the fp32 shards
+    (DCP converts); `without_fully_sharded` leaves them out, for a load whose optimizer entry brings the fp32
+    main params into the same shards."""
     sharded = {}
-    for name, _, pieces in model_tensor_pieces(model, prefix):
+    for name, tensor, pieces in model_tensor_pieces(model, prefix):
+        if is_fully_sharded(tensor):
+            if without_fully_sharded:
+                continue
+            saved_dtype = getattr(tensor, "saved_dtype", tensor.dtype)
+            if not is_loading and saved_dtype != tensor.dtype:
+                pieces = [(piece.with_data(piece.data.to("cpu", saved_dtype)), start) for piece, start in pieces]
         sharded[name] = pieces[0][0] if len(pieces) == 1 else [piece for piece, _ in pieces]
     sharded.update(model_extra_state_objects(model, prefix))
     return sharded

@@ -7,7 +7,7 @@ reshards with the params under any TP / PP / DP layout and loads into either opt
     plain optimizer (FP32Optimizer)          "optimizer": {"state": {i: {exp_avg, exp_avg_sq}, "common_step"},
                                                            "param_groups": [...]}
     plain mixed precision (bf16 / fp16)      "optimizer": {"optimizer": {"state": ..., "param_groups": [...]},
-                                                           "fp32_from_fp16_params": [[fp32 main param, ...]]}
+    (and FSDP under --bf16)                                "fp32_from_fp16_params": [[fp32 main param, ...]]}
         keys optimizer.state.exp_avg.<param key>, optimizer.state.exp_avg_sq.<...>, optimizer.state.fp32_param.<...>
     distributed optimizer, "fully_reshardable" (--dist-ckpt-optim-fully-reshardable)
                                              "optimizer": {"optimizer": {"param_groups": [... with "step"]},
@@ -33,8 +33,10 @@ import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.model_sharding import TensorPiece, model_tensor_pieces
 from megatron.core.dist_checkpointing.optimizer_buckets import DP_RESHARDABLE, bucket_sharded_state_dict
+from megatron.core.dtensor_shards import local_tensor
 from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
 from megatron.core.optimizer.distrib_optimizer import _IMPLEMENTATION_KEYS, DistributedOptimizer
+from megatron.core.optimizer.fully_sharded_optimizer import FullyShardedOptimizer
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.optimizer.param_groups import reorder_saved_param_groups
 
@@ -87,7 +89,7 @@ def _pieces(pieces_of: Dict[int, List[TensorPiece]], param) -> List[TensorPiece]
 
 def _whole_pieces(name: str, tensor: torch.Tensor, pieces: List[TensorPiece]) -> list:
     """`tensor` (of its param's shape) cut like the param, on the keys of `name`."""
-    flat = tensor.detach().reshape(-1)
+    flat = local_tensor(tensor).detach().reshape(-1)
     return [ShardedTensor(f"{STATE_PREFIX}{name}.{piece.key}", flat[start : start + piece.data.numel()]
                           .view(piece.local_shape), piece.global_shape, piece.global_offset, piece.replica_id,
                           allow_shape_mismatch=piece.allow_shape_mismatch)
@@ -99,8 +101,10 @@ def _plain_entry(sub, pieces_of, main_key: Optional[str]) -> dict:
     params ("fp32_param" as Megatron's plain optimizers write, "param" in a fully_reshardable one)."""
     inner = sub.optimizer
     step = adam_step(inner)
-    mixed = isinstance(sub, Float16OptimizerWithFloat16Params)
-    model_of = sub._main_to_model_params() if mixed else {}
+    # An FSDP optimizer's shards are their own main params, listed as those of a bf16 model's.
+    own_mains = isinstance(sub, FullyShardedOptimizer) and sub.saves_main_params()
+    mixed = isinstance(sub, Float16OptimizerWithFloat16Params) or own_mains
+    model_of = sub._main_to_model_params() if isinstance(sub, Float16OptimizerWithFloat16Params) else {}
     state, main_params, index = {}, [], 0
     for group in inner.param_groups:
         group_mains = []
@@ -110,7 +114,7 @@ def _plain_entry(sub, pieces_of, main_key: Optional[str]) -> dict:
             tensors = inner.state.get(main, {})
             state[index] = {key: _whole_pieces(key, tensors.get(key, torch.zeros_like(main)), pieces)
                             for key in state_keys(inner)}
-            if model is not main and main_key is not None:
+            if (model is not main or own_mains) and main_key is not None:
                 group_mains.append(_whole_pieces(main_key, main, pieces))
             index += 1
         main_params.append(group_mains)
@@ -120,7 +124,7 @@ def _plain_entry(sub, pieces_of, main_key: Optional[str]) -> dict:
     if not mixed:
         return optimizer_entry
     entry = {"optimizer": optimizer_entry, "fp32_from_fp16_params": main_params}
-    if sub.grad_scaler is not None:
+    if getattr(sub, "grad_scaler", None) is not None:
         entry["grad_scaler"] = sub.grad_scaler.state_dict()
     return entry
 

@@ -1,7 +1,18 @@
-"""Data-parallel gradient handling: contiguous grad buffers, bucketed all-reduce, gradient finalisation."""
+"""Data-parallel gradient handling: contiguous grad buffers, bucketed all-reduce, gradient finalisation, and
+fully sharded data parallelism (FSDP2, Megatron-FSDP's sharding strategies)."""
 
 from .distributed_data_parallel import DistributedDataParallel
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .finalize_model_grads import finalize_model_grads
+from .fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+from .torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
+from .torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 
-__all__ = ["DistributedDataParallel", "DistributedDataParallelConfig", "finalize_model_grads"]
+__all__ = [
+    "DistributedDataParallel",
+    "DistributedDataParallelConfig",
+    "FullyShardedDataParallel",
+    "TorchFullyShardedDataParallel",
+    "TorchFullyShardedDataParallelConfig",
+    "finalize_model_grads",
+]

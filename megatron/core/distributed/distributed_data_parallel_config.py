@@ -49,13 +49,17 @@ class DistributedDataParallelConfig:
     """Keep params in fp8 and all-gather them in fp8 (`--fp8-param-gather`): not supported yet."""
 
     use_megatron_fsdp: bool = False
-    """Megatron's FSDP code path (`--use-megatron-fsdp`): not supported yet."""
+    """Megatron-FSDP (`--use-megatron-fsdp`): wrap with `FullyShardedDataParallel`, which shards as
+    `data_parallel_sharding_strategy` says (distributed/fsdp/mcore_fsdp_adapter.py)."""
+
+    data_parallel_sharding_strategy: str = "no_shard"
+    """With `use_megatron_fsdp`: no_shard, optim, optim_grads or optim_grads_params
+    (`--data-parallel-sharding-strategy`)."""
 
     def __post_init__(self):
         unsupported = [
             ("check_for_large_grads", "--check-for-large-grads"),
             ("fp8_param_gather", "--fp8-param-gather"),
-            ("use_megatron_fsdp", "--use-megatron-fsdp"),
         ]
         problems = [f"{name} ({flag}) is not supported yet" for name, flag in unsupported if getattr(self, name)]
         if self.num_distributed_optimizer_instances != 1:
@@ -64,9 +68,9 @@ class DistributedDataParallelConfig:
                 f"(--num-distributed-optimizer-instances) are not supported yet), got "
                 f"{self.num_distributed_optimizer_instances}"
             )
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
+        if self.overlap_param_gather and not (self.use_distributed_optimizer or self.use_megatron_fsdp):
             problems.append("overlap_param_gather (--overlap-param-gather) needs use_distributed_optimizer "
-                            "(--use-distributed-optimizer): only its params are gathered")
+                            "(--use-distributed-optimizer) or use_megatron_fsdp: only their params are gathered")
         if self.bucket_size is not None and self.bucket_size <= 0:
             problems.append(f"bucket_size (--ddp-bucket-size) must be positive, got {self.bucket_size}")
         if problems:

@@ -21,12 +21,15 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import parallel_state
+from ..dtensor_shards import local_tensor
 from ..timers import timed
 from ..transformer.moe.load_balancing import get_updated_expert_bias
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:
-    return param.main_grad if hasattr(param, "main_grad") else param.grad
+    """DDP's main_grad, else the grad (an FSDP shard's local rows: its copies on other TP ranks or pipeline
+    stages hold the same rows)."""
+    return param.main_grad if hasattr(param, "main_grad") else local_tensor(param.grad)
 
 
 def _all_reduce_coalesced(grads: List[torch.Tensor], group) -> None:

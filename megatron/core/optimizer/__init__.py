@@ -6,6 +6,8 @@
     --use-distributed-optimizer DistributedOptimizer(AdamW): main params and Adam state sharded over
                                 data-parallel ranks (any precision; the model must be wrapped in
                                 DistributedDataParallel with use_distributed_optimizer)
+    FSDP (DTensor params)       FullyShardedOptimizer(AdamW or SGD) on the fp32 shards
+                                (TorchFullyShardedDataParallel), any precision but fp16
     expert-parallel params too  ChainedOptimizer([dense optimizer, expert optimizer])
 
 Adam is `torch.optim.AdamW` (decoupled weight decay, as Megatron's FusedAdam in AdamW mode), fused into
@@ -20,8 +22,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .. import parallel_state
+from ..dtensor_shards import is_fully_sharded
 from .chained_optimizer import ChainedOptimizer
 from .distrib_optimizer import DistributedOptimizer
+from .fully_sharded_optimizer import FullyShardedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from .optimizer import FP32Optimizer, Float16OptimizerWithFloat16Params, MegatronOptimizer, MixedPrecisionOptimizer
 from .optimizer_config import OptimizerConfig
@@ -34,6 +38,7 @@ __all__ = [
     "DynamicGradScaler",
     "FP32Optimizer",
     "Float16OptimizerWithFloat16Params",
+    "FullyShardedOptimizer",
     "MegatronGradScaler",
     "MegatronOptimizer",
     "MixedPrecisionOptimizer",
@@ -80,6 +85,10 @@ def adam_step_kernel(device_type: str, mixed_precision: bool, bf16_moments: bool
     return f"{kernel}, bf16 moments" if bf16_moments else kernel
 
 
+def _compute_dtype(config: OptimizerConfig) -> torch.dtype:
+    return torch.float16 if config.fp16 else torch.bfloat16 if config.bf16 else torch.float32
+
+
 def _grad_scaler(config: OptimizerConfig, device: torch.device) -> Optional[MegatronGradScaler]:
     if config.loss_scale is not None:
         return ConstantGradScaler(config.loss_scale, device=device)
@@ -102,6 +111,8 @@ def _build_optimizer(
     """Wraps an AdamW/SGD over `param_groups` in the precision (or distributed) wrapper `config` asks for."""
     device = _params_device(param_groups)
     inner = _inner_optimizer(config, param_groups, device)
+    if any(is_fully_sharded(param) for group in param_groups for param in group["params"]):
+        return FullyShardedOptimizer(inner, config, _compute_dtype(config))
     if config.use_distributed_optimizer:
         buffer_attribute = "expert_parallel_buffers" if is_expert_parallel else "buffers"
         buffers = [buffer for chunk in model_chunks for buffer in getattr(chunk, buffer_attribute)]
@@ -175,7 +186,8 @@ def get_megatron_optimizer(
         expert_optimizer = _build_optimizer(config, expert_groups, model_chunks, is_expert_parallel=True)
         if parallel_state.model_parallel_is_initialized():
             expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
-            if not config.use_distributed_optimizer:  # which reduces its statistics over all ranks already
+            # The distributed and the fully sharded optimizer reduce their statistics over all ranks already.
+            if not (config.use_distributed_optimizer or isinstance(expert_optimizer, FullyShardedOptimizer)):
                 expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
                 expert_optimizer.grad_stats_parallel_group = expert_group
         optimizers.append(expert_optimizer)

@@ -10,6 +10,9 @@ where every gradient entry must be counted exactly once:
   * any other param is a full copy on every TP rank: only TP rank 0 counts it;
   * a param marked `shared=True` is the second copy of a weight that lives on another pipeline stage
     (the tied output embedding on the last stage): that stage does not count it.
+
+An FSDP-sharded gradient (a DTensor) counts with its local rows: the group then spans the data-parallel
+ranks too (fully_sharded_optimizer.py).
 """
 
 from typing import Iterable, Optional, Union
@@ -17,6 +20,7 @@ from typing import Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
+from ..dtensor_shards import local_tensor
 from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
 
@@ -53,7 +57,7 @@ def grad_norm_fp32_tensor(
     """`get_grad_norm_fp32` as a 1-element fp32 tensor on the gradients' device: no host sync."""
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
-    grads = [grad.detach() for grad in grads_for_norm]
+    grads = [local_tensor(grad).detach() for grad in grads_for_norm]
     norm_type = float(norm_type)
     device = grads[0].device if grads else _stats_device(grad_stats_parallel_group)
 
@@ -83,7 +87,7 @@ def clip_grad_by_total_norm_fp32(
     """
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
-    grads = [param.grad.detach() for param in parameters if param.grad is not None]
+    grads = [local_tensor(param.grad).detach() for param in parameters if param.grad is not None]
     clip_coeff = max_norm / (total_norm + 1.0e-6)
     if grads and clip_coeff < 1.0:
         torch._foreach_mul_(grads, clip_coeff)
@@ -98,7 +102,7 @@ def count_zeros_fp32(
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     counted = [
-        param.grad.detach()
+        local_tensor(param.grad).detach()
         for param in parameters
         if param.grad is not None
         and param_is_not_shared(param)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from megatron.core.activations import openai_gelu, quick_gelu, squared_relu
 from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+from megatron.core.distributed.torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 from megatron.core.optimizer.optimizer_config import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -31,6 +32,7 @@ RENAMED_DDP_FIELDS = {
     "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
     "bucket_size": "ddp_bucket_size",
     "average_in_collective": "ddp_average_in_collective",
+    "reshard_after_forward": "torch_fsdp2_reshard_after_forward",  # TorchFullyShardedDataParallelConfig's
 }
 
 
@@ -96,11 +98,14 @@ def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:
 
 
 def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelConfig:
-    """`DistributedDataParallelConfig` from validated arguments, with Megatron's renamed fields."""
-    kwargs = _mapped_fields(DistributedDataParallelConfig, args, RENAMED_DDP_FIELDS)
+    """`DistributedDataParallelConfig` from validated arguments, with Megatron's renamed fields (a
+    `TorchFullyShardedDataParallelConfig` with --use-torch-fsdp2)."""
+    config_class = TorchFullyShardedDataParallelConfig if args.use_torch_fsdp2 else DistributedDataParallelConfig
+    kwargs = _mapped_fields(config_class, args, RENAMED_DDP_FIELDS)
     # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
     # with a checkpoint or skips); DDP's own check would raise on the one poisoned rank alone.
     kwargs["check_for_nan_in_grad"] = False
-    # One instance: --num-distributed-optimizer-instances changes only Megatron-LM's speed (without_effect.py).
-    kwargs["num_distributed_optimizer_instances"] = 1
-    return DistributedDataParallelConfig(**kwargs)
+    if "num_distributed_optimizer_instances" in kwargs:
+        # One instance: --num-distributed-optimizer-instances changes only Megatron-LM's speed (without_effect.py).
+        kwargs["num_distributed_optimizer_instances"] = 1
+    return config_class(**kwargs)

@@ -11,9 +11,10 @@ from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args
 from megatron.training.arguments.config_file import add_config_file_arg, find_config_file, read_config_file
 from megatron.training.arguments.deprecated import _add_deprecated_args
 from megatron.training.config.run_config import RunConfig
+from megatron.training.errors import ArgumentParser
 
 
-class MegatronArgumentParser(argparse.ArgumentParser):
+class MegatronArgumentParser(ArgumentParser):
     """argparse that answers an unrecognized flag with the closest known one."""
 
     def error(self, message: str):

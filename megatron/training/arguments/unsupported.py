@@ -24,8 +24,6 @@ UNSUPPORTED = (
                                                     "--decoder-first/last-pipeline-num-layers for uneven stages"),
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
-    Unsupported("--use-torch-fsdp2", "FSDP is not supported yet"),
-    Unsupported("--use-megatron-fsdp", "FSDP is not supported yet"),
     Unsupported("--fp8-recipe", "is not supported yet; use delayed or tensorwise", ("mxfp8", "blockwise", "custom")),
     Unsupported("--fp8-param-gather", "FP8 parameters and all-gathers are not supported yet (FP8 GEMMs are: "
                                       "--fp8-format keeps bf16 parameters)"),

@@ -7,6 +7,8 @@ The layer split over pipeline stages is checked in validate_pipeline.py.
 """
 
 import argparse
+import os
+import sys
 
 from megatron.core.model_parallel_config import legal_sizes
 
@@ -21,11 +23,20 @@ def describe_data_parallel_size(args) -> str:
     return f"data parallel size {args.data_parallel_size} (= world size {args.world_size} / ({_layout(args)}))"
 
 
+def _launcher_hint(model_size: int) -> str:
+    """For a process started without torchrun (no WORLD_SIZE): how to start the ranks the layout needs."""
+    if "WORLD_SIZE" in os.environ:
+        return ""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "pretrain_gpt.py"
+    return (f". This is one process started without torchrun: start {model_size} (or a multiple) with "
+            f"torchrun --nproc-per-node {model_size} {script} ...")
+
+
 def world_size_problem(args) -> str:
     """The message for a world size that TP x PP x CP does not divide."""
     model_size = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
     return (f"world size {args.world_size} is not divisible by {_layout(args)} = {model_size}; TP x PP x CP must be "
-            f"one of {legal_sizes(args.world_size)}")
+            f"one of {legal_sizes(args.world_size)}{_launcher_hint(model_size)}")
 
 
 def check_parallel_layout(args: argparse.Namespace, problems: list) -> None:

@@ -45,6 +45,7 @@ from megatron.core.dist_checkpointing.optimizer_sharding import (
 from megatron.core.dist_checkpointing.serialization import saved_tensor_shapes
 from megatron.core.dist_checkpointing.strictness import describe, returns_mismatches
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer.fully_sharded_optimizer import FullyShardedOptimizer
 from megatron.training.checkpoint.dist_saving import rng_sharded_object
 from megatron.training.checkpoint.files import add_current_argument_names, report_unreadable_arguments
 from megatron.training.checkpoint.state_dict import model_chunks, model_state_key
@@ -169,7 +170,11 @@ def load_sharded_state(model, optimizer, state_dict: dict, checkpoint_dir, args,
         verify_integrity_manifest(checkpoint_dir)
     chunks = model_chunks(model)
     saved = saved_keys(checkpoint_dir)
-    request = {model_state_key(index, len(chunks)): without_absent_extra_states(model_sharded_state_dict(chunk), saved)
+    # An FSDP run under --bf16 loads its fp32 shards from the optimizer's main params, not the bf16 model entry.
+    mains_into_model = load_optimizer and any(isinstance(sub, FullyShardedOptimizer) and sub.saves_main_params()
+                                              for sub in sub_optimizers(optimizer))
+    request = {model_state_key(index, len(chunks)): without_absent_extra_states(
+                   model_sharded_state_dict(chunk, is_loading=True, without_fully_sharded=mains_into_model), saved)
                for index, chunk in enumerate(chunks)}
     after_load = None
     if load_optimizer:

@@ -14,15 +14,16 @@
 import torch
 
 from megatron.core.dist_checkpointing.model_sharding import with_linear_extra_states
-from megatron.core.distributed import DistributedDataParallel
+from megatron.core.distributed import DistributedDataParallel, TorchFullyShardedDataParallel
 from megatron.core.transformer.module import Float16Module
 from megatron.training.checkpoint.files import CHECKPOINT_VERSION
 
-_WRAPPERS = (DistributedDataParallel, torch.nn.parallel.DistributedDataParallel, Float16Module)
+_WRAPPERS = (DistributedDataParallel, TorchFullyShardedDataParallel, torch.nn.parallel.DistributedDataParallel,
+             Float16Module)
 
 
 def unwrap_model(model):
-    """The bare module(s) under DDP / Float16Module wrappers (a list for a list), as Megatron's `unwrap_model`."""
+    """The bare module(s) under DDP / FSDP / Float16Module wrappers (a list for a list), as Megatron's `unwrap_model`."""
     if isinstance(model, list):
         return [unwrap_model(chunk) for chunk in model]
     while isinstance(model, _WRAPPERS):

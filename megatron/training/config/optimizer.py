@@ -163,8 +163,12 @@ class LearningRateConfig(Section):
 
     def validate(self) -> list[str]:
         problems = []
-        if self.lr is not None and self.min_lr > self.lr:
+        if self.lr is not None and self.lr < 0:
+            problems.append(f"--lr {self.lr} must be >= 0 (the optimizer steps against the gradient by --lr)")
+        elif self.lr is not None and self.min_lr > self.lr:
             problems.append(f"--min-lr {self.min_lr} must be <= --lr {self.lr}")
+        if self.min_lr < 0:
+            problems.append(f"--min-lr {self.min_lr} must be >= 0")
         if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
             problems.append(f"--lr-warmup-fraction {self.lr_warmup_fraction} must be in [0, 1]")
         if self.lr_decay_style == "WSD" and self.lr_wsd_decay_iters is None and self.lr_wsd_decay_samples is None:

@@ -124,10 +124,18 @@ class DistributedConfig(Section):
     """Average gradients inside the collective instead of pre-scaling them."""
 
     use_torch_fsdp2: bool = False
-    """Shard parameters with PyTorch FSDP2."""
+    """Shard params, grads and optimizer state over data-parallel ranks with PyTorch FSDP2."""
+
+    torch_fsdp2_reshard_after_forward: bool = flag(True, names=("--torch-fsdp2-no-reshard-after-forward",))
+    """With --use-torch-fsdp2: keep each layer's params gathered from forward to backward (ZeRO-2)."""
 
     use_megatron_fsdp: bool = False
-    """Shard parameters with Megatron FSDP."""
+    """Shard over data-parallel ranks as --data-parallel-sharding-strategy says."""
+
+    data_parallel_sharding_strategy: str = flag(
+        "optim_grads_params", choices=("no_shard", "optim", "optim_grads", "optim_grads_params"))
+    """With --use-megatron-fsdp, what is sharded: nothing, optimizer state (ZeRO-1), + grads (ZeRO-2), + params
+    (ZeRO-3)."""
 
     gradient_accumulation_fusion: bool = flag(True, names=("--no-gradient-accumulation-fusion",))
     """Do not fuse weight-gradient accumulation into the fp32 main_grad buffer."""
@@ -176,7 +184,19 @@ class DistributedConfig(Section):
     def derived(self) -> dict:
         return {"transformer_pipeline_model_parallel_size": self.pipeline_model_parallel_size,
                 "expert_tensor_parallel_size": self.effective_expert_tensor_parallel_size,
-                "sequence_parallel": self.effective_sequence_parallel}
+                "sequence_parallel": self.effective_sequence_parallel, **self._megatron_fsdp_values()}
+
+    def _megatron_fsdp_values(self) -> dict:
+        """--use-megatron-fsdp's strategy decides the optimizer: the distributed one for `optim` (as Megatron-LM
+        turns it on), none with the sharded strategies (FSDP2 shards the optimizer itself) nor with no_shard,
+        which gathers no params either (its gradient all-reduce overlaps)."""
+        if not self.use_megatron_fsdp:
+            return {}
+        strategy = self.data_parallel_sharding_strategy
+        values = {"use_distributed_optimizer": strategy == "optim"}
+        if strategy == "no_shard":
+            values["overlap_param_gather"] = False
+        return values
 
     def size_problems(self) -> list[str]:
         return [f"{flag_name} {size} must be at least 1" for flag_name, size in (
@@ -219,10 +239,20 @@ class DistributedConfig(Section):
                 problems.append("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")
             if not self.overlap_grad_reduce:
                 problems.append("--overlap-param-gather needs --overlap-grad-reduce")
+        problems += self._fsdp_problems()
         if self.effective_expert_tensor_parallel_size < 1:
             problems.append(f"--expert-tensor-parallel-size {self.effective_expert_tensor_parallel_size} must be at "
                             "least 1")
         return problems + self._context_parallel_problems()
+
+    def _fsdp_problems(self) -> list[str]:
+        """FSDP flags among themselves (with the rest of the run: validate_fsdp.py)."""
+        if self.use_torch_fsdp2 and self.use_megatron_fsdp:
+            return ["--use-torch-fsdp2 and --use-megatron-fsdp are two implementations of FSDP: choose one"]
+        problems = []
+        if self.use_torch_fsdp2 and self.use_distributed_optimizer:
+            problems.append("--use-torch-fsdp2 shards the optimizer state itself: drop --use-distributed-optimizer")
+        return problems
 
     def _context_parallel_problems(self) -> list[str]:
         """--cp-comm-type and its hierarchical sizes (the per-layer count is checked with the model's layers)."""

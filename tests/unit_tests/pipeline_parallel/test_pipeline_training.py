@@ -3,7 +3,7 @@
 Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G = 2), PP=4 (tied),
 uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
 embeddings), and on 8 ranks TP=2 (+SP) x PP=2 x DP=2 and TP=2 x PP=2 x CP=2 (the Llama-like model, ring
-attention). Every layout trains the same 4-layer model on the same global batch of 8 sequences with
+attention); FSDP2 (TorchFullyShardedDataParallel) in place of DDP at FSDP=2 x PP=2 and FSDP=2 x TP=2 (+SP). Every layout trains the same 4-layer model on the same global batch of 8 sequences with
 Megatron-Core's path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`,
 finalize_model_grads, get_megatron_optimizer with Adam and clipping, the GPT task's CP batch split and
 loss function); the reference is that model in one process with `torch.optim.AdamW` and `clip_grad_norm_`.
@@ -24,9 +24,16 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    TorchFullyShardedDataParallel,
+    TorchFullyShardedDataParallelConfig,
+    finalize_model_grads,
+)
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -64,6 +71,10 @@ LAYOUTS = {
     "uneven PP=2 (1+3) x DP=2": ("llama", 4, dict(pp=2, first=1, last=3)),
     "TP=2+SP x PP=2 x DP=2": ("gpt2", 8, dict(tp=2, pp=2, sequence_parallel=True)),
     "TP=2 x PP=2 x CP=2": ("llama", 8, dict(tp=2, pp=2, cp=2)),
+    # FSDP2 in place of DDP (fp32 shards over the DP ranks): across pipeline stages (tied embedding), and
+    # across TP ranks (an untied output layer as a unit of its own).
+    "FSDP=2 x PP=2": ("gpt2", 4, dict(pp=2, fsdp=True)),
+    "FSDP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, fsdp=True)),
 }
 
 
@@ -149,7 +160,9 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
         """(reference name, tensor) of a chunk's params (source "param") or their main grads ("grad")."""
         chunk = chunks[chunk_index]
         for key, param in chunk.named_parameters():
-            tensor = param.main_grad if source == "grad" else param
+            tensor = (param.main_grad if hasattr(param, "main_grad") else param.grad) if source == "grad" else param
+            if isinstance(tensor, DTensor):  # an FSDP shard: gathered over the DP ranks
+                tensor = tensor.full_tensor()
             yield _reference_name(_global_name(key, offsets[chunk_index]), chunk), key, tensor
 
     worst = {"tied copy at init": 0.0}
@@ -162,7 +175,8 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
                 param.copy_(expected)
 
     model = [
-        DistributedDataParallel(config, DistributedDataParallelConfig(), chunk, disable_bucketing=index > 0)
+        TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), chunk) if layout.get("fsdp")
+        else DistributedDataParallel(config, DistributedDataParallelConfig(), chunk, disable_bucketing=index > 0)
         for index, chunk in enumerate(chunks)
     ]
     config.finalize_model_grads_func = finalize_model_grads

@@ -15,7 +15,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, wrap_data_parallel
+from megatron.core.dtensor_shards import local_tensor
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
@@ -122,9 +124,10 @@ def _trained_once(args):
     """(model, optimizer, a training step) after one step: the optimizer's state exists."""
     config = core_transformer_config_from_args(args)
     model = _gpt(args)
-    if args.bf16:
+    ddp_config = ddp_config_from_args(args)
+    if args.bf16 and not shards_params(ddp_config):
         model = Float16Module(config, model)
-    model = DistributedDataParallel(config, ddp_config_from_args(args), model)
+    model = wrap_data_parallel(config, ddp_config, model)
     optimizer = get_megatron_optimizer(optimizer_config_from_args(args), [model])
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     positions = torch.arange(SEQ).expand(BATCH, SEQ)
@@ -214,3 +217,22 @@ def test_bf16_moments_take_4_bytes_per_parameter_off_the_llama_3_6b():
         assert estimate.weights + estimate.gradients + estimate.optimizer == parameters * bytes_per_parameter
     saved = estimates["fp32"].total - estimates["bf16"].total
     assert saved == 4 * parameters and round(saved / 1024**3, 1) == 13.4
+
+
+@pytest.mark.parametrize("flags, gathered", [(("--use-torch-fsdp2",), False),
+                                             (("--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                                               "optim_grads"), True)])
+def test_fsdp_estimate_counts_the_shards(single_rank, flags, gathered):
+    """FSDP on one rank (a mesh of one) under --bf16: the fp32 shards, their fp32 gradients and Adam's moments as
+    measured, 16 bytes per parameter with no separate main copy; ZeRO-2 (optim_grads) counts the bf16 weights
+    gathered from forward to backward on top."""
+    args = _args("--bf16", *flags)
+    model, optimizer, _ = _trained_once(args)
+    tensors = [local_tensor(param) for param in model.parameters()]
+    tensors += [local_tensor(param.grad) for param in model.parameters()]
+    tensors += [local_tensor(state) for states in optimizer.optimizer.state.values() for state in states.values()
+                if torch.is_tensor(state) and state.dim() > 0]
+    measured = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    estimate = estimate_memory(args, num_microbatches=1)
+    assert measured == 16 * estimate.parameters
+    assert estimate.weights + estimate.gradients + estimate.optimizer == measured + 2 * estimate.parameters * gathered

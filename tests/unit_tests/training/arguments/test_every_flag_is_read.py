@@ -30,9 +30,6 @@ REFUSED_BY_VALIDATION = {
     "cuda_graph_modules": (["--cuda-graph-modules", "attn"], "--cuda-graph-modules attn: per-layer CUDA graphs "
                                                              "(--cuda-graph-impl local or transformer_engine) are "
                                                              "not supported yet"),
-    # a gate: its work is done by the state dtypes it permits (--exp-avg-dtype ...), read by the optimizer
-    "use_precision_aware_optimizer": (["--use-precision-aware-optimizer"],
-                                      "only supported with the distributed optimizer"),
 }
 
 # Flags without effect that Megatron-LM accepts only with others (its rules, validate_overlap.py): a command

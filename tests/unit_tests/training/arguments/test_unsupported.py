@@ -19,8 +19,6 @@ TE = is_transformer_engine_available()
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--use-torch-fsdp2"], "--use-torch-fsdp2: FSDP is not supported yet"),
-    (["--use-megatron-fsdp"], "--use-megatron-fsdp: FSDP is not supported yet"),
     (["--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8: is not supported yet; use delayed or tensorwise"),
     (["--fp8-param-gather"], "--fp8-param-gather: FP8 parameters and all-gathers are not supported yet"),
     (["--fp4-format", "e2m1"], "--fp4-format e2m1: FP4 training is not supported yet"),

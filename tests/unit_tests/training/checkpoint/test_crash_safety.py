@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from megatron.training.checkpoint import files, saving
+from megatron.training.checkpoint import files, latest
 from megatron.training.checkpointing import load_checkpoint, read_metadata, save_checkpoint
 from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args, model_state
 
@@ -50,7 +50,7 @@ def test_crash_between_model_file_and_tracker_keeps_the_previous_latest(saved_at
     def crash(text, filename):
         raise Crash
 
-    monkeypatch.setattr(saving, "write_text_atomically", crash)
+    monkeypatch.setattr(latest, "write_text_atomically", crash)
     with torch.no_grad():
         for param in model.parameters():
             param.add_(1.0)

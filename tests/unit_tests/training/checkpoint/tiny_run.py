@@ -10,7 +10,8 @@ import random
 import numpy as np
 import torch
 
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, wrap_data_parallel
 from megatron.core.fp8 import update_fp8_scaling
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -59,14 +60,15 @@ def seed_everything(seed: int) -> None:
 
 def build_run(args, seed: int):
     """(model, optimizer, scheduler) freshly initialised from `seed`; the model in DistributedDataParallel
-    under --use-distributed-optimizer."""
+    under --use-distributed-optimizer, in TorchFullyShardedDataParallel under FSDP."""
     seed_everything(seed)
     config = core_transformer_config_from_args(args)
     model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB_SIZE, args.max_position_embeddings)
-    if args.bf16:
+    ddp_config = ddp_config_from_args(args)
+    if args.bf16 and not shards_params(ddp_config):
         model = Float16Module(config, model)
-    if args.use_distributed_optimizer:
-        model = DistributedDataParallel(config, ddp_config_from_args(args), model)
+    if args.use_distributed_optimizer or shards_params(ddp_config):
+        model = wrap_data_parallel(config, ddp_config, model)
     optimizer = get_megatron_optimizer(optimizer_config_from_args(args), [model])
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
@@ -89,11 +91,11 @@ def train_steps(model, optimizer, scheduler, args, first_step: int, num_steps: i
         generator = torch.Generator().manual_seed(step)
         tokens = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, SEQUENCE_LENGTH + 1), generator=generator).to(device)
         positions = torch.arange(SEQUENCE_LENGTH, device=device).expand(BATCH_SIZE, -1)
-        if isinstance(model, DistributedDataParallel):
+        if hasattr(model, "zero_grad_buffer"):
             model.zero_grad_buffer()
         loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).float().mean()
         loss.backward()
-        if isinstance(model, DistributedDataParallel):
+        if hasattr(model, "finish_grad_sync"):
             finalize_model_grads([model])
         update_fp8_scaling([model])  # the step-end FP8 update the schedules make (nothing without FP8)
         optimizer.step()

@@ -1,0 +1,1 @@
+"""Fully sharded data parallelism: the DTensor shards of FSDP2 and Megatron-FSDP's sharding strategies."""

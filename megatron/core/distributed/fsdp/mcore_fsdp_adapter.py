@@ -1,0 +1,91 @@
+"""Megatron-FSDP's sharding strategies (`--use-megatron-fsdp --data-parallel-sharding-strategy S`), and the one
+place that wraps a model chunk for data parallelism.
+
+What each of the n data-parallel ranks keeps 1/n of, and what builds it here:
+
+    strategy              sharded (ZeRO stage)                  built from
+    no_shard              nothing                               DistributedDataParallel: all-reduced grads
+    optim                 optimizer state (1)                   DistributedDataParallel + DistributedOptimizer:
+                                                                grads reduce-scattered, params all-gathered
+    optim_grads           + gradients (2)                       TorchFullyShardedDataParallel keeping each unit's
+                                                                params gathered from its forward to its backward
+    optim_grads_params    + params (3)                          TorchFullyShardedDataParallel
+
+The two sharded strategies keep fp32 params as their main params (no Float16Module) and take the
+FullyShardedOptimizer; `optim` needs OptimizerConfig.use_distributed_optimizer.
+"""
+
+import dataclasses
+
+import torch
+
+from ..distributed_data_parallel import DistributedDataParallel
+from ..distributed_data_parallel_config import DistributedDataParallelConfig
+from ..torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
+from ..torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
+
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+_PARAMS_SHARDED = {"optim_grads": False, "optim_grads_params": True}  # strategy: reshard_after_forward
+
+
+def _strategy(ddp_config: DistributedDataParallelConfig) -> str:
+    strategy = ddp_config.data_parallel_sharding_strategy
+    if strategy not in SHARDING_STRATEGIES:
+        raise ValueError(f"data_parallel_sharding_strategy (--data-parallel-sharding-strategy) {strategy!r} is not one "
+                         f"of {', '.join(SHARDING_STRATEGIES)}")
+    return strategy
+
+
+def uses_distributed_optimizer(ddp_config: DistributedDataParallelConfig) -> bool:
+    """Whether the strategy's optimizer is the DistributedOptimizer (`optim`)."""
+    return ddp_config.use_megatron_fsdp and _strategy(ddp_config) == "optim"
+
+
+def shards_params(ddp_config: DistributedDataParallelConfig) -> bool:
+    """Whether the chunk is wrapped by TorchFullyShardedDataParallel: it then stays in fp32 (its params are the
+    main params; the compute dtype is applied as they are gathered)."""
+    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
+        return True
+    return ddp_config.use_megatron_fsdp and _strategy(ddp_config) in _PARAMS_SHARDED
+
+
+def reshards_after_forward(ddp_config: DistributedDataParallelConfig) -> bool:
+    """For a chunk that `shards_params`: whether each unit's gathered params are freed after its forward (ZeRO-3)
+    rather than kept until its backward (ZeRO-2: the whole model gathered while a microbatch is in flight)."""
+    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
+        return ddp_config.reshard_after_forward
+    return _PARAMS_SHARDED[_strategy(ddp_config)]
+
+
+def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, module: torch.nn.Module,
+                             disable_bucketing: bool = False, **unused):
+    """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
+    a DistributedDataParallel (no_shard, optim) or a TorchFullyShardedDataParallel (optim_grads,
+    optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
+    accepted and not used: the groups come from parallel_state, the units are fixed."""
+    strategy = _strategy(ddp_config)
+    fields = {field.name: getattr(ddp_config, field.name) for field in dataclasses.fields(DistributedDataParallelConfig)}
+    fields["use_megatron_fsdp"] = False
+    if strategy in _PARAMS_SHARDED:
+        # FSDP2 shards the optimizer itself and prefetches each unit's gather during the previous unit's compute.
+        fields.update(use_distributed_optimizer=False, overlap_param_gather=False)
+        fsdp_config = TorchFullyShardedDataParallelConfig(**fields, reshard_after_forward=reshards_after_forward(ddp_config))
+        return TorchFullyShardedDataParallel(config, fsdp_config, module)
+    fields["use_distributed_optimizer"] = strategy == "optim"
+    if strategy == "no_shard":
+        fields["overlap_param_gather"] = False  # nothing is gathered: the all-reduce overlaps, as in Megatron-FSDP
+    return wrap_data_parallel(config, DistributedDataParallelConfig(**fields), module, disable_bucketing)
+
+
+def wrap_data_parallel(config, ddp_config: DistributedDataParallelConfig, module: torch.nn.Module,
+                       disable_bucketing: bool = False) -> torch.nn.Module:
+    """`module` wrapped as `ddp_config` asks: TorchFullyShardedDataParallel for a
+    TorchFullyShardedDataParallelConfig (--use-torch-fsdp2), the strategy's wrapper with `use_megatron_fsdp`,
+    else DistributedDataParallel; the params are the same on every data-parallel rank afterwards."""
+    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
+        return TorchFullyShardedDataParallel(config, ddp_config, module)
+    if ddp_config.use_megatron_fsdp:
+        return FullyShardedDataParallel(config, ddp_config, module, disable_bucketing=disable_bucketing)
+    ddp = DistributedDataParallel(config, ddp_config, module, disable_bucketing=disable_bucketing)
+    ddp.broadcast_params()
+    return ddp

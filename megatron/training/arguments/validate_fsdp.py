@@ -1,0 +1,50 @@
+"""Fully sharded data parallelism against the rest of the run: --use-torch-fsdp2, and --use-megatron-fsdp with its
+--data-parallel-sharding-strategy (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py says what each builds).
+
+    no_shard            DDP                               --use-distributed-optimizer turned off
+    optim               DDP + the distributed optimizer   --use-distributed-optimizer turned on (as Megatron-LM)
+    optim_grads         FSDP2, params kept gathered from each layer's forward to its backward
+    optim_grads_params  FSDP2 (as --use-torch-fsdp2)
+
+(the optimizer each strategy takes is derived in the distributed section, config/parallel.py). FSDP2 overlaps
+its all-gathers and reduce-scatters with compute by itself: --overlap-grad-reduce and --overlap-param-gather
+are accepted and change nothing there. Unlike Megatron-LM, FSDP2 here combines with pipeline parallelism (also
+interleaved) and with tied embeddings.
+"""
+
+import argparse
+import os
+
+from megatron.training.arguments.reporting import warn_rank_0
+
+_PARAMS_SHARDED = ("optim_grads", "optim_grads_params")
+
+
+def _fsdp2_flag(args) -> str | None:
+    """The flags that put the params under FSDP2 (None: they are not)."""
+    if args.use_torch_fsdp2 and not args.use_megatron_fsdp:
+        return "--use-torch-fsdp2"
+    if args.use_megatron_fsdp and not args.use_torch_fsdp2 and args.data_parallel_sharding_strategy in _PARAMS_SHARDED:
+        return f"--use-megatron-fsdp --data-parallel-sharding-strategy {args.data_parallel_sharding_strategy}"
+    return None
+
+
+def check_fsdp(args: argparse.Namespace, problems: list) -> None:
+    """What FSDP2 does not combine with yet; the strategies built on DDP take what DDP takes."""
+    flag = _fsdp2_flag(args)
+    if flag is None:
+        return
+    if args.expert_model_parallel_size > 1:
+        problems.append(f"{flag} with --expert-model-parallel-size {args.expert_model_parallel_size} is not "
+                        "supported yet (as in Megatron-LM)")
+    if args.fp16:
+        problems.append(f"{flag} with --fp16 is not supported yet (as in Megatron-LM): use --bf16")
+    if args.use_precision_aware_optimizer:
+        problems.append(f"{flag} with --use-precision-aware-optimizer is not supported yet")
+    if args.ckpt_format != "torch_dist" and (args.save is not None or args.load is not None):
+        problems.append(f"{flag} saves and loads --ckpt-format torch_dist only (each data-parallel rank holds "
+                        f"other rows of every param), not --ckpt-format {args.ckpt_format}")
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        # Megatron-LM refuses this; the run is right either way, only slower.
+        warn_rank_0(f"{flag}: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises FSDP's all-gathers and reduce-scatters with "
+                    "the compute (they run on streams of their own); unset it unless tensor parallelism needs it")

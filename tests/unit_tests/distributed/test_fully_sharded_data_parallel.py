@@ -1,0 +1,119 @@
+"""Fully sharded data parallelism on gloo ranks against one process: FSDP2 (TorchFullyShardedDataParallel) and
+each of Megatron-FSDP's sharding strategies (and ZeRO-3 with --calculate-per-token-loss's summed gradients, and
+with MoE layers: the experts' own optimizer) train a tiny GPT like plain torch AdamW on the whole batch.
+
+Each rank runs its half of every global batch; the reference (run on every rank, alone) runs all of it. fp32
+throughout: the losses, gradient norms and final weights agree to float rounding of the differently ordered
+sums (the mean gradient is reduced over the ranks, the norm summed over shards). FSDP with TP and PP is
+tested in the 4-rank pipeline harness (pipeline_parallel/test_pipeline_training.py)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.distributed import (
+    DistributedDataParallelConfig,
+    FullyShardedDataParallel,
+    finalize_model_grads,
+)
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.reference_training import adamw_reference_steps
+
+SEQ, MICRO_BATCH, VOCAB, STEPS = 8, 2, 61, 3
+LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every step
+
+
+def _gpt(per_token_loss: bool = False, experts: int | None = None) -> GPTModel:
+    """Tied: the root unit holds the embedding, gathered once for the input and the output layer. With
+    `experts`, MoE layers (top-1, no auxiliary loss, whose batch statistics a data-parallel split changes)."""
+    torch.manual_seed(11)
+    config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
+                               hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
+                               calculate_per_token_loss=per_token_loss, num_moe_experts=experts,
+                               moe_router_topk=1)
+    spec = get_gpt_layer_local_spec(num_experts=experts)
+    return GPTModel(config, spec, VOCAB, SEQ, share_embeddings_and_output_weights=True)
+
+
+def _global_batches(data_parallel_size: int) -> list:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, VOCAB, (MICRO_BATCH * data_parallel_size, SEQ + 1), generator=generator)
+            for _ in range(STEPS)]
+
+
+def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(SEQ).expand(tokens.shape[0], SEQ)
+    return model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).mean()
+
+
+def _reference(data_parallel_size: int, experts: int | None = None) -> list:
+    steps = adamw_reference_steps(_gpt(experts=experts), _global_batches(data_parallel_size), _loss, LR, WEIGHT_DECAY,
+                                  CLIP)
+    return [(step["loss"], step["grad_norm"]) for step in steps[1:]], steps[-1]["weights"]
+
+
+def _train(wrapped, optimizer_config: OptimizerConfig, data_parallel_rank: int, data_parallel_size: int):
+    """(loss, grad norm) per step and the final full weights of `wrapped` trained on this rank's half."""
+    optimizer = get_megatron_optimizer(optimizer_config, [wrapped])
+    for param_group in optimizer.param_groups:  # the scheduler's job in a training run
+        param_group["weight_decay"] = WEIGHT_DECAY * param_group["wd_mult"]
+    group = parallel_state.get_data_parallel_group()
+    history = []
+    for batch in _global_batches(data_parallel_size):
+        wrapped.zero_grad_buffer()
+        optimizer.zero_grad()
+        loss = _loss(wrapped, batch.chunk(data_parallel_size)[data_parallel_rank])
+        if wrapped.config.calculate_per_token_loss:
+            # Summed over tokens and ranks, then divided by the global token count.
+            (loss * loss.new_tensor(MICRO_BATCH * SEQ)).backward()
+            finalize_model_grads([wrapped], num_tokens=torch.tensor(MICRO_BATCH * SEQ))
+        else:
+            loss.backward()
+            finalize_model_grads([wrapped])
+        updated, grad_norm, _ = optimizer.step()
+        assert updated
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss, group=group)
+        history.append((mean_loss.item() / data_parallel_size, grad_norm))
+    for chunk in (wrapped,):
+        chunk.start_param_sync(force_sync=True)
+    weights = {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().clone()
+               for name, value in wrapped.module.state_dict().items() if torch.is_tensor(value)}
+    return history, weights, type(optimizer).__name__
+
+
+def _strategies(rank, world_size):
+    parallel_state.initialize_model_parallel()
+    references = {None: _reference(world_size), 2: _reference(world_size, experts=2)}
+    results = {}
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params per token",
+                     "optim_grads_params MoE"):
+        ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
+                                                   data_parallel_sharding_strategy=strategy.split()[0])
+        experts = 2 if strategy.endswith("MoE") else None
+        model = _gpt(per_token_loss=strategy.endswith("per token"), experts=experts)
+        wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
+        optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
+                                           use_distributed_optimizer=strategy == "optim")
+        results[strategy] = (*_train(wrapped, optimizer_config, rank, world_size), *references[experts])
+    return results
+
+
+def test_each_sharding_strategy_trains_like_one_process():
+    for results in run_distributed(_strategies, 2):
+        for strategy, (history, weights, optimizer, reference_history, reference_weights) in results.items():
+            sharded = strategy.startswith("optim_grads")
+            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FullyShardedOptimizer"
+                                 if sharded else "DistributedOptimizer" if strategy == "optim" else "FP32Optimizer")
+            for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
+                assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
+                assert norm == pytest.approx(expected_norm, rel=1e-5), f"{strategy}: grad norm at step {step}"
+            assert weights.keys() == reference_weights.keys()
+            for name, value in weights.items():
+                torch.testing.assert_close(value, reference_weights[name], rtol=1e-5, atol=1e-5, msg=lambda message: f"{strategy} {name}: {message}")
+

@@ -1,0 +1,63 @@
+"""--use-torch-fsdp2 and --use-megatron-fsdp --data-parallel-sharding-strategy: what each strategy turns into,
+the config the model is wrapped with, and the combinations refused with their reason."""
+
+import pytest
+
+from megatron.core.distributed import TorchFullyShardedDataParallelConfig
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, uses_distributed_optimizer
+from megatron.training.arguments import ddp_config_from_args
+
+from .conftest import MINIMAL
+
+
+@pytest.fixture(autouse=True)
+def two_ranks(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+
+@pytest.mark.parametrize("strategy, distributed_optimizer, sharded", [
+    ("no_shard", False, False), ("optim", True, False), ("optim_grads", False, True),
+    ("optim_grads_params", False, True),
+])
+def test_each_strategy_picks_its_optimizer_and_wrapper(validated, strategy, distributed_optimizer, sharded):
+    args = validated(*MINIMAL, "--bf16", "--use-megatron-fsdp", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                     "--overlap-param-gather", "--data-parallel-sharding-strategy", strategy)
+    ddp_config = ddp_config_from_args(args)
+    assert args.use_distributed_optimizer == distributed_optimizer == uses_distributed_optimizer(ddp_config)
+    assert shards_params(ddp_config) == sharded
+    assert args.overlap_param_gather == (strategy != "no_shard")  # no_shard gathers nothing
+
+
+def test_megatron_fsdp_defaults_to_zero_3(validated):
+    args = validated(*MINIMAL, "--use-megatron-fsdp")
+    assert args.data_parallel_sharding_strategy == "optim_grads_params" and shards_params(ddp_config_from_args(args))
+
+
+def test_torch_fsdp2_config_carries_reshard_after_forward(validated):
+    config = ddp_config_from_args(validated(*MINIMAL, "--use-torch-fsdp2"))
+    assert isinstance(config, TorchFullyShardedDataParallelConfig) and config.reshard_after_forward
+    args = validated(*MINIMAL, "--bf16", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward")
+    config = ddp_config_from_args(args)
+    assert (config.reshard_after_forward, config.grad_reduce_in_fp32) == (False, True)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--use-torch-fsdp2", "--use-megatron-fsdp"], "--use-torch-fsdp2 and --use-megatron-fsdp are two implementations"),
+    (["--use-torch-fsdp2", "--use-distributed-optimizer"], "--use-torch-fsdp2 shards the optimizer state itself"),
+    (["--use-torch-fsdp2", "--expert-model-parallel-size", "2", "--num-experts", "2"],
+     "--use-torch-fsdp2 with --expert-model-parallel-size 2 is not supported yet"),
+    (["--use-megatron-fsdp", "--fp16"],
+     "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params with --fp16 is not supported yet"),
+    (["--use-torch-fsdp2", "--save", "ckpt", "--save-interval", "5", "--ckpt-format", "torch"],
+     "--use-torch-fsdp2 saves and loads --ckpt-format torch_dist only"),
+    (["--use-torch-fsdp2", "--overlap-param-gather", "--overlap-grad-reduce"],
+     "--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)"),
+])
+def test_refused_with_the_reason(problems, flags, expected):
+    assert expected in problems(*MINIMAL, *flags)
+
+
+def test_strategies_without_sharded_params_take_what_ddp_takes(validated):
+    args = validated(*MINIMAL, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--fp16",
+                     "--pipeline-model-parallel-size", "2", "--num-layers", "2", "--micro-batch-size", "1")
+    assert args.use_distributed_optimizer and args.fp16
