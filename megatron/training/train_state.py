@@ -8,15 +8,18 @@ exactly where the saved one stopped.
     consumed_valid_samples                `args.consumed_valid_samples`: the validation sampler resumes there
     num_floating_point_operations_so_far  `num_floating_point_operations_so_far`
 
-The training loop owns one `TrainState` and advances it; `publish` mirrors it into the argparse namespace,
-where code written against Megatron-LM reads these names (`get_args().iteration`, ...) and from where a
-checkpoint's `args` entry records them.
+The training loop owns one `TrainState` and advances it; `publish` mirrors the sample and FLOP counters into
+the argparse namespace, where Megatron-LM keeps them up to date (code written against it reads
+`get_args().consumed_train_samples`, ...) and from where a checkpoint's `args` entry records them.
+`args.iteration` is, in Megatron-LM, the iteration the run started (resumed) at: the Trainer writes it once.
 """
 
 from dataclasses import asdict, dataclass, fields
 
 # The counters Megatron-LM stores inside the checkpoint's `args`.
 ARGS_COUNTERS = ("consumed_train_samples", "skipped_train_samples", "consumed_valid_samples")
+# What Megatron-LM keeps up to date in `args` during the run.
+LIVE_IN_ARGS = (*ARGS_COUNTERS, "num_floating_point_operations_so_far")
 
 
 def checkpoint_iteration(state_dict: dict, checkpoint_name: str) -> int:
@@ -69,6 +72,7 @@ class TrainState:
         return state
 
     def publish(self, args) -> None:
-        """Mirrors the counters into `args` (module docstring); nothing in the training loop reads them back."""
-        for name, value in self.state_dict().items():
-            setattr(args, name, value)
+        """Mirrors the sample and FLOP counters into `args` (module docstring); nothing in the training loop
+        reads them back."""
+        for name in LIVE_IN_ARGS:
+            setattr(args, name, getattr(self, name))

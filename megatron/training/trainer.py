@@ -5,7 +5,8 @@ What a Trainer owns, and who makes it:
     args                the validated arguments (read-only here but for the compatibility mirror below)
     layout              ParallelLayout: this rank's sizes, ranks and process groups (parallel_layout.py)
     plan                BatchPlan: micro batch x data-parallel size x microbatches, the ramp-up (batch_plan.py)
-    schedule            TrainingSchedule: the number of iterations, the scheduler's lengths (train_schedule.py)
+    schedule            TrainingSchedule: the number of iterations, the scheduler's lengths (train_schedule.py),
+                        made with the scheduler
     state               TrainState: iteration, consumed samples, FLOPs; checkpointed (train_state.py)
     model, optimizer, opt_param_scheduler   built by `build_model_and_optimizer`, resumed from --load
     data                DataIterators, built by `build_data_iterators` (data_iterators.py)
@@ -15,9 +16,10 @@ What a Trainer owns, and who makes it:
                         the save/exit decisions (exit_conditions.py)
 
 `pretrain()` (training.py) builds one after `initialize_megatron` and calls `run`. Code written against
-Megatron-LM reads the run's counters and derived values from `get_args()` (`args.iteration`,
-`args.consumed_train_samples`, `args.train_iters`, `args.do_train`, ...): the Trainer writes them there
-(`TrainState.publish`, `TrainingSchedule.publish`, `build_data_iterators`) and never reads them back.
+Megatron-LM reads the run's counters and derived values from `get_args()` (`args.iteration`: the iteration
+the run started at, `args.consumed_train_samples`, `args.train_iters`, `args.do_train`, ...): the Trainer
+writes them there (`TrainState.publish`, `TrainingSchedule.publish`, `build_model_and_optimizer`,
+`build_data_iterators`) and never reads them back.
 """
 
 import time
@@ -68,10 +70,8 @@ class Trainer:
         self.writer, self.wandb_writer = get_tensorboard_writer(), get_wandb_writer()
         self.layout = ParallelLayout.from_parallel_state()
         self.plan = BatchPlan.from_args(args, self.layout.data_parallel_size)
-        self.schedule = TrainingSchedule.from_args(args, self.plan)
-        self.schedule.publish(args)
         self.state = TrainState()
-        self.model = self.optimizer = self.opt_param_scheduler = self.config = self.evaluator = None
+        self.schedule = self.model = self.optimizer = self.opt_param_scheduler = self.config = self.evaluator = None
         self.data = DataIterators(None, None, None, False, False, False)
 
     def run(self, datasets_provider, model_provider, model_type) -> int | None:
@@ -110,13 +110,15 @@ class Trainer:
 
     def build_model_and_optimizer(self, model_provider, model_type, no_wd_decay_cond=None, scale_lr_cond=None,
                                   lr_mult: float = 1.0) -> None:
-        """The model chunks, the optimizer and the scheduler; resumes them and `state` from --load (or
-        --pretrained-checkpoint)."""
+        """The model chunks, the optimizer, the schedule and the scheduler; resumes them and `state` from
+        --load (or --pretrained-checkpoint)."""
         args, timers = self.args, self.timers
         self.model = get_model(model_provider, model_type, args=args, layout=self.layout)
         optimizer_config = optimizer_config_from_args(args)
         optimizer_config.timers = timers
         self.optimizer = get_megatron_optimizer(optimizer_config, self.model, no_wd_decay_cond, scale_lr_cond, lr_mult)
+        self.schedule = TrainingSchedule.from_args(args, self.plan)
+        self.schedule.publish(args)
         self.opt_param_scheduler = self.schedule.build_scheduler(self.optimizer, args)
         if args.load is not None or args.pretrained_checkpoint is not None:
             timers("load-checkpoint", log_level=0).start(barrier=True)
@@ -127,6 +129,7 @@ class Trainer:
                 self.state = loaded
                 self.plan.move_calculator(loaded.consumed_train_samples, verbose=True)
         self.state.publish(args)
+        args.iteration = self.state.iteration  # Megatron's meaning: the iteration this run starts at
         if args.ckpt_convert_format is not None:
             save_in_converted_format(args, self.model, self.optimizer, self.opt_param_scheduler, self.state)
         self.config = get_model_config(self.model[0])

@@ -78,11 +78,13 @@ def _faulty_forward_step(forward_step_func):
 
 
 _run_train_step = trainer.run_train_step
+_steps = []
 
 
 def run_train_step(forward_step_func, *args, **kwargs):
-    # The Trainer publishes its counters after every iteration: get_args().iteration is the last one done.
-    if get_args().iteration + 1 == ITERATION and _this_rank():
+    _steps.append(1)
+    iteration = get_args().iteration + len(_steps)  # args.iteration: where the run started
+    if iteration == ITERATION and _this_rank():
         forward_step_func = _faulty_forward_step(forward_step_func)
     return _run_train_step(forward_step_func, *args, **kwargs)
 
