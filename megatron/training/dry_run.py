@@ -9,6 +9,7 @@ tokens and FLOPs per iteration, and memory per GPU with and without full recompu
 (memory_estimate.py has the model).
 """
 
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.memory_estimate import GIB, estimate_memory, parameters_per_rank, total_parameters
 from megatron.training.training_log import num_floating_point_operations
 
@@ -19,7 +20,7 @@ def _in_unit(value: int, unit: int) -> str:
 
 def dry_run_report(args) -> str:
     """The dry run's text for validated `args` (with `padded_vocab_size` set)."""
-    microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    microbatches = BatchPlan.from_args(args).num_microbatches
     per_rank = parameters_per_rank(args)
     total = total_parameters(args)
     estimate = estimate_memory(args, microbatches)

@@ -18,11 +18,11 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.timers import Timers
+from megatron.core.tokenizers import construct_tokenizer, padded_vocab_size
 from megatron.training import global_vars
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpointing import load_args_from_checkpoint
-from megatron.core.tokenizers import build_tokenizer
 from megatron.training.console import print_rank_0
 
 
@@ -62,7 +62,10 @@ def initialize_megatron(
     _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks)
     set_random_seed(args.seed, args.data_parallel_random_init)
     BatchPlan.from_args(args).install(dist.get_rank())
-    tokenizer = build_tokenizer(args)
+    tokenizer = construct_tokenizer(args)
+    # The model's vocabulary rows, decided once here; model providers (ours and those written for
+    # Megatron-LM) read them as args.padded_vocab_size.
+    args.padded_vocab_size = padded_vocab_size(args, tokenizer)
     global_vars.set_tokenizer(tokenizer)
     global_vars.set_timers(Timers(args.timing_log_level, args.timing_log_option))
     _set_writers(args)
