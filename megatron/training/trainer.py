@@ -73,6 +73,11 @@ class Trainer:
         self.state = TrainState()
         self.schedule = self.model = self.optimizer = self.opt_param_scheduler = self.config = self.evaluator = None
         self.data = DataIterators(None, None, None, False, False, False)
+        # The loop's helpers, made when `train` starts.
+        self.bad_step_guard = self.logger = self.progress_log = self.instrumentation = None
+        self.exit_conditions = self.forward_backward_func = None
+        # (batch size, FLOPs) of the last iterations, taken back when a verdict settled late stops the run.
+        self._recent = []
 
     def run(self, datasets_provider, model_provider, model_type) -> int | None:
         """Builds model, optimizer and data, trains, saves, then validates and tests; returns the exit code
@@ -151,25 +156,8 @@ class Trainer:
     def train(self) -> int | None:
         """The loop up to the schedule's last iteration; returns the exit code of a run that stops early
         (exit flags, a signal, a bad step), None when it ran to its end."""
-        args, model, optimizer = self.args, self.model, self.optimizer
-        for chunk in model:
-            chunk.train()
-        self.config.grad_scale_func = optimizer.scale_loss
-        self.config.timers = self.timers
-        self.config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
-        self.exit_conditions = ExitConditions(args, self.start_time)
-        self.bad_step_guard = BadStepGuard(args, self.state.iteration, optimizer, self.opt_param_scheduler)
-        self.progress_log = ProgressLog(args, self.state.num_floating_point_operations_so_far)
-        self.progress_log.job_started()
-        self.config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)
-        self.logger = TrainingLogger(args, self.timers, self.schedule.train_iters, self.layout.data_parallel_rank,
-                                     self.writer, self.wandb_writer)
-        # (batch size, FLOPs) of the last iterations, taken back when a verdict settled late stops the run.
-        self._recent = []
-        self.forward_backward_func = get_forward_backward_func()
-        if args.cuda_graph_impl == "full_iteration":
-            self.forward_backward_func = FullCudaGraphWrapper(self.forward_backward_func, args.cuda_graph_warmup_steps)
-        self.instrumentation = LoopInstrumentation(args)
+        args = self.args
+        self._prepare_loop()
         self.timers("interval-time", log_level=0).start(barrier=True)
         try:
             while self.state.iteration < self.schedule.train_iters:
@@ -183,6 +171,26 @@ class Trainer:
             return None
         finally:
             self.instrumentation.finish()
+
+    def _prepare_loop(self) -> None:
+        """The model in training mode, the schedule's hooks in its config, and the loop's helpers."""
+        args, model, optimizer, config = self.args, self.model, self.optimizer, self.config
+        for chunk in model:
+            chunk.train()
+        config.grad_scale_func = optimizer.scale_loss
+        config.timers = self.timers
+        config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
+        self.exit_conditions = ExitConditions(args, self.start_time, self.layout.device)
+        self.bad_step_guard = BadStepGuard(args, self.state.iteration, optimizer, self.opt_param_scheduler)
+        config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)
+        self.progress_log = ProgressLog(args, self.state.num_floating_point_operations_so_far)
+        self.progress_log.job_started()
+        self.logger = TrainingLogger(args, self.timers, self.schedule.train_iters, self.layout.data_parallel_rank,
+                                     self.writer, self.wandb_writer)
+        self.forward_backward_func = get_forward_backward_func()
+        if args.cuda_graph_impl == "full_iteration":
+            self.forward_backward_func = FullCudaGraphWrapper(self.forward_backward_func, args.cuda_graph_warmup_steps)
+        self.instrumentation = LoopInstrumentation(args)
 
     def _train_iteration(self) -> int | None:
         """One iteration and what follows it (log, evaluation, save, exit decision); returns the exit code."""
