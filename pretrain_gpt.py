@@ -8,10 +8,12 @@ The providers, batch, loss and forward step live in `megatron/training/tasks/gpt
 
 from megatron.core.enums import ModelType
 from megatron.training import pretrain
+from megatron.training.errors import run_entry_point
 from megatron.training.tasks.gpt import forward_step, model_provider, train_valid_test_datasets_provider
 
 if __name__ == "__main__":
-    pretrain(
+    run_entry_point(
+        pretrain,
         train_valid_test_datasets_provider,
         model_provider,
         ModelType.encoder_or_decoder,

@@ -11,10 +11,12 @@ The data must be sentence-split (`tools/preprocess_data.py --split-sentences` wi
 
 from megatron.core.enums import ModelType
 from megatron.training import pretrain
+from megatron.training.errors import run_entry_point
 from megatron.training.tasks.t5 import forward_step, model_provider, train_valid_test_datasets_provider
 
 if __name__ == "__main__":
-    pretrain(
+    run_entry_point(
+        pretrain,
         train_valid_test_datasets_provider,
         model_provider,
         ModelType.encoder_and_decoder,

@@ -2,12 +2,15 @@
 # Quick start on any machine, CPU included: builds a corpus from the Python standard library, trains a
 # GPT-2-style BPE tokenizer on it, tokenizes it into Megatron .bin/.idx files, trains a small GPT on it
 # (a few minutes on a CPU; a GPT-2-small-sized model in bf16 when a GPU is present) and prints a sample.
-#   bash examples/quickstart.sh [WORKDIR]      (default: data/quickstart)
+#   bash examples/quickstart.sh [WORKDIR]      (default: data/quickstart in the repository; a relative
+#                                               WORKDIR is taken from the directory you run this from)
+#   TRAIN_ITERS=10 bash examples/quickstart.sh  (a shorter run; warm-up, logging and evaluation follow it)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-WORKDIR=${1:-data/quickstart}
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "${1:-$REPO/data/quickstart}"
+WORKDIR="$(cd "${1:-$REPO/data/quickstart}" && pwd)"
+cd "$REPO"
 WORKERS=${WORKERS:-$(python -c "import os; print(min(8, os.cpu_count() or 1))")}
-mkdir -p "$WORKDIR"
 
 echo "== 1/5 corpus: the Python standard library as loose JSON"
 python tools/build_stdlib_corpus.py --output "$WORKDIR/stdlib.jsonl"
@@ -27,14 +30,19 @@ python tools/preprocess_data.py \
     --workers "$WORKERS"
 
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    ITERS=${TRAIN_ITERS:-2000} WARMUP=100
     MODEL=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
-           --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 32 --bf16
-           --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 100 --train-iters ${TRAIN_ITERS:-2000})
+           --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 32 --bf16 --lr 6e-4 --min-lr 6e-5)
 else
+    ITERS=${TRAIN_ITERS:-600} WARMUP=20
     MODEL=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 256
-           --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 8
-           --lr 2e-3 --min-lr 2e-4 --lr-warmup-iters 20 --train-iters ${TRAIN_ITERS:-600})
+           --max-position-embeddings 256 --micro-batch-size 8 --global-batch-size 8 --lr 2e-3 --min-lr 2e-4)
 fi
+# A short run (TRAIN_ITERS) keeps the warm-up under a tenth of it, and logs and evaluates within it.
+WARMUP=$(( ITERS / 10 < WARMUP ? ITERS / 10 : WARMUP ))
+LOG_INTERVAL=$(( ITERS < 50 ? ITERS : 50 ))
+EVAL_INTERVAL=$(( ITERS < 200 ? ITERS : 200 ))
+MODEL+=(--lr-warmup-iters "$WARMUP" --train-iters "$ITERS")
 
 echo "== 4/5 train: a small GPT on the corpus (checkpoints in $WORKDIR/checkpoints)"
 python pretrain_gpt.py "${MODEL[@]}" \
@@ -45,7 +53,7 @@ python pretrain_gpt.py "${MODEL[@]}" \
     --merge-file "$WORKDIR/tokenizer/merges.txt" \
     --split 98,2,0 --num-workers 1 \
     --save "$WORKDIR/checkpoints" --save-interval 1000000 \
-    --log-interval 50 --eval-interval 200 --eval-iters 5 \
+    --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters 5 \
     --tensorboard-dir "$WORKDIR/tensorboard"
 
 echo "== 5/5 sample: the model continues a prompt"

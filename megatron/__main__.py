@@ -8,7 +8,10 @@ COMMANDS = {"doctor": "megatron.doctor"}
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m megatron {{{','.join(COMMANDS)}}} [args]", file=sys.stderr)
+        from megatron.training.errors import report_error
+
+        what = f"unknown command {argv[0]!r}" if argv else "no command given"
+        report_error(f"{what}; usage: python -m megatron {{{','.join(COMMANDS)}}} [args]")
         return 2
     import importlib
 
@@ -16,4 +19,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron.training.errors import run_entry_point
+
+    run_entry_point(main)

@@ -95,9 +95,10 @@ def report() -> list[str]:
         version = _version(distribution) if importlib.util.find_spec(module) is not None else None
         lines.append(f"  {module:<20}{version or 'not installed'}")
     lines.append("environment:")
-    for name in ENVIRONMENT_VARIABLES:
-        if name in os.environ:
-            lines.append(f"  {name}={os.environ[name]}")
+    lines.extend(f"  {name}={os.environ[name]}" for name in ENVIRONMENT_VARIABLES if name in os.environ)
+    unset = [name for name in ENVIRONMENT_VARIABLES if name not in os.environ]
+    if unset:
+        lines.append(f"  not set: {', '.join(unset)}")
     return lines
 
 

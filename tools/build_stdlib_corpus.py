@@ -9,11 +9,15 @@ out unless `--include-tests`. Files that are not valid UTF-8 (a few deliberate t
 The file appears only when complete.
 """
 
-import argparse
 import json
 import os
 import sys
 import sysconfig
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
+
+from megatron.training.errors import ArgumentParser, run_entry_point  # noqa: E402
 
 _TEST_DIRS = {"test", "tests", "idle_test"}
 
@@ -35,7 +39,7 @@ def stdlib_sources(include_tests: bool):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="the JSONL file to write")
     parser.add_argument("--include-tests", action="store_true", help="also take the stdlib's test suites")
     parser.add_argument("--max-files", type=int, default=None, help="stop after this many files")
@@ -61,4 +65,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_entry_point(main)

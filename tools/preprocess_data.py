@@ -22,15 +22,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clone without pip install
 
 from megatron.core.datasets.indexed_dataset import DType  # noqa: E402
+from megatron.core.datasets.tokenizer_record import tokenizer_fingerprint  # noqa: E402
 from megatron.core.tokenizers import build_tokenizer  # noqa: E402
 from megatron.preprocessing.encoder import EncoderConfig  # noqa: E402
 from megatron.preprocessing.inputs import find_input_files  # noqa: E402
-from megatron.preprocessing.pipeline import PreprocessError, preprocess  # noqa: E402
+from megatron.preprocessing.pipeline import preprocess  # noqa: E402
 from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args  # noqa: E402
+from megatron.training.errors import ArgumentParser, report_user_error, run_entry_point  # noqa: E402
 
 
 def get_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True, help="JSONL file, glob, or directory (.gz/.zst allowed)")
     group.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each JSON line")
@@ -100,9 +102,11 @@ def main(argv=None) -> int:
         )
         if args.find_optimal_num_workers:
             return _find_optimal_num_workers(paths, encoder, args)
-        summary = preprocess(paths, args.output_prefix, encoder, args.workers, args.log_interval, args.strict)
-    except (PreprocessError, ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        summary = preprocess(paths, args.output_prefix, encoder, args.workers, args.log_interval, args.strict,
+                             tokenizer_record=tokenizer_fingerprint(args, tokenizer.vocab_size))
+    except Exception as error:
+        if not report_user_error(error):
+            raise
         return 1
     print(summary.report(), file=sys.stderr)
     return 0
@@ -125,4 +129,4 @@ def _find_optimal_num_workers(paths, encoder, args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_entry_point(main)

@@ -9,7 +9,6 @@ tok/vocab.json --merge-file tok/merges.txt`); `--type wordpiece` writes `vocab.t
 `--cased`). `--input` takes files, globs or directories, `.gz`/`.zst` included, as preprocess_data.py.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a clon
 
 from megatron.core.tokenizers.training import train_gpt2_bpe, train_wordpiece  # noqa: E402
 from megatron.preprocessing.inputs import find_input_files, iter_tasks  # noqa: E402
+from megatron.training.errors import ArgumentParser, report_user_error, run_entry_point  # noqa: E402
 
 DEFAULT_VOCAB_SIZE = {"gpt2": 50257, "wordpiece": 30522}
 
@@ -44,7 +44,7 @@ def iter_texts(paths: list[str], json_key: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", nargs="+", required=True, help="JSONL files, globs or directories")
     parser.add_argument("--json-key", default="text", help="the key holding each document's text")
     parser.add_argument("--type", choices=["gpt2", "wordpiece"], required=True, help="the kind of tokenizer")
@@ -68,12 +68,13 @@ def main(argv=None) -> int:
         else:
             size = train_wordpiece(texts, vocab_size, args.output_dir, args.lowercase, show_progress=progress)
             written = "vocab.txt"
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:
+        if not report_user_error(error):
+            raise
         return 1
     print(f"Wrote {written} ({size} tokens) to {args.output_dir}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_entry_point(main)

@@ -29,6 +29,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
 
 
+def legal_sizes(n: int) -> str:
+    """The divisors of n as text, "1, 2, 3, 4, 6, 12": the legal sizes when something must divide n."""
+    return ", ".join(map(str, divisors(n)))
+
+
 @dataclass
 class ModelParallelConfig:
     """Parallel layout, initialisation and precision settings shared by every Megatron-Core model."""

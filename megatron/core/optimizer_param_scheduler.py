@@ -200,15 +200,16 @@ class OptimizerParamScheduler:
             "wd_incr_steps": self.wd_incr_steps,
         }
 
-    def _check_and_set(self, run_value, checkpoint_value, name: str):
+    def _check_and_set(self, run_value, checkpoint_value, name: str, unit: str = ""):
         """The value to continue with, under --override-opt-param-scheduler / --use-checkpoint-opt-param-scheduler."""
         if self.override_opt_param_scheduler:
             logger.info(" > overriding %s value to %s", name, run_value)
             return run_value
         if not self.use_checkpoint_opt_param_scheduler and run_value != checkpoint_value:
+            unit = f" {unit}" if unit else ""
             raise ValueError(
-                f"OptimizerParamScheduler: the checkpoint's {name} is {checkpoint_value} but this run's is "
-                f"{run_value}; pass --override-opt-param-scheduler to use this run's values or "
+                f"OptimizerParamScheduler: the checkpoint's {name} is {checkpoint_value}{unit} but this run's is "
+                f"{run_value}{unit}; pass --override-opt-param-scheduler to use this run's values or "
                 "--use-checkpoint-opt-param-scheduler to use the checkpoint's"
             )
         logger.info(" > using checkpoint value %s for %s", checkpoint_value, name)
@@ -226,11 +227,16 @@ class OptimizerParamScheduler:
 
         self.max_lr = self._check_and_set(self.max_lr, saved("start_lr", "max_lr"), "learning rate")
         self.min_lr = self._check_and_set(self.min_lr, state_dict["min_lr"], "minimum learning rate")
+        # Lengths are counted in samples: --lr-*-iters x the global batch size, or --lr-*-samples.
         self.lr_warmup_steps = self._check_and_set(
-            self.lr_warmup_steps, saved("warmup_iter", "warmup_steps", "lr_warmup_steps"), "warmup iterations"
+            self.lr_warmup_steps, saved("warmup_iter", "warmup_steps", "lr_warmup_steps"),
+            "learning-rate warm-up (--lr-warmup-iters x global batch size, --lr-warmup-samples or "
+            "--lr-warmup-fraction)", unit="samples",
         )
         self.lr_decay_steps = self._check_and_set(
-            self.lr_decay_steps, saved("end_iter", "decay_steps", "lr_decay_steps"), "total number of iterations"
+            self.lr_decay_steps, saved("end_iter", "decay_steps", "lr_decay_steps"),
+            "learning-rate decay length (--lr-decay-iters, by default --train-iters, x global batch size, or "
+            "--lr-decay-samples)", unit="samples",
         )
         self.lr_decay_style = self._check_and_set(
             self.lr_decay_style, saved("decay_style", "lr_decay_style"), "learning rate decay style"
@@ -238,11 +244,13 @@ class OptimizerParamScheduler:
         if "start_wd" in state_dict:
             self.start_wd = self._check_and_set(self.start_wd, state_dict["start_wd"], "start weight decay")
             self.end_wd = self._check_and_set(self.end_wd, state_dict["end_wd"], "end weight decay")
-            self.wd_incr_steps = self._check_and_set(
-                self.wd_incr_steps, state_dict["wd_incr_steps"], "total number of weight decay iterations"
-            )
             self.wd_incr_style = self._check_and_set(
                 self.wd_incr_style, state_dict["wd_incr_style"], "weight decay incr style"
             )
+            if self.wd_incr_style != "constant":  # a constant weight decay has no ramp whose length could differ
+                self.wd_incr_steps = self._check_and_set(
+                    self.wd_incr_steps, state_dict["wd_incr_steps"],
+                    "weight-decay ramp length (--train-iters x global batch size, or --train-samples)", unit="samples",
+                )
         self.num_steps = 0
         self.step(saved("num_iters", "num_steps"))

@@ -67,7 +67,8 @@ def init_worker(config: EncoderConfig) -> None:
 def _parse(raw: bytes, keys: list[str]):
     """-> (texts by key, each a list of str pieces) or (None, kind, detail)."""
     try:
-        line = raw.decode("utf-8")
+        # utf-8-sig drops a byte order mark, which editors put at the start of a file and JSON does not allow.
+        line = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         return None, "invalid UTF-8", f"byte {error.start}: {raw[error.start:error.start + 4]!r}"
     try:

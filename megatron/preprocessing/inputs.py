@@ -5,12 +5,15 @@ it, in sorted order). Plain files are cut into byte ranges that end on a line br
 own slice and the parent never touches the text; compressed files are decompressed by the parent and sent
 as blocks of lines. Either way a `Task` carries no more than about `TASK_BYTES` of text, which bounds memory
 whatever the input size (Megatron-LM's script runs out of memory on large inputs: NVIDIA/Megatron-LM#444, #154).
+With `max_lines` (the progress interval) a task also holds at most that many lines, so that progress can be
+reported every `max_lines` documents; the parent then reads each slice once to find its line breaks.
 """
 
 import glob
 import gzip
 import io
 import os
+import zlib
 from dataclasses import dataclass
 
 TASK_BYTES = 1 << 20
@@ -89,7 +92,21 @@ def _open_decompressed(path: str, raw):
     return None
 
 
-def _byte_ranges(path: str, done_before: int):
+def _line_cuts(data: bytes, max_lines: int | None) -> list[int]:
+    """Offsets into `data` that cut it into pieces of at most `max_lines` lines, ending with len(data)."""
+    cuts, position = [], 0
+    while max_lines is not None:
+        for _ in range(max_lines):
+            position = data.find(b"\n", position) + 1
+            if position == 0:
+                return cuts + [len(data)]
+        if position == len(data):
+            break
+        cuts.append(position)
+    return cuts + [len(data)]
+
+
+def _byte_ranges(path: str, done_before: int, max_lines: int | None):
     size = os.path.getsize(path)
     with open(path, "rb") as stream:
         start = 0
@@ -97,22 +114,44 @@ def _byte_ranges(path: str, done_before: int):
             stream.seek(min(start + TASK_BYTES, size))
             stream.readline()  # move the cut to the end of the line it falls in
             end = min(stream.tell(), size)
-            yield Task(path, start, end, done_bytes=done_before + end)
+            cuts = [end - start]
+            if max_lines is not None:
+                stream.seek(start)
+                cuts = _line_cuts(stream.read(end - start), max_lines)
+            piece_start = start
+            for cut in cuts:
+                yield Task(path, piece_start, start + cut, done_bytes=done_before + start + cut)
+                piece_start = start + cut
             start = end
 
 
-def iter_tasks(paths: list[str]):
-    """Yields `Task`s covering every line of `paths`, in input order."""
+def _decompressed_blocks(path: str, stream, raw, done_before: int, max_lines: int | None):
+    try:
+        while block := stream.read(TASK_BYTES):
+            block += stream.readline()
+            piece_start = 0
+            for cut in _line_cuts(block, max_lines):
+                yield Task(path, data=block[piece_start:cut], done_bytes=done_before + raw.tell())
+                piece_start = cut
+    except Exception as error:
+        # gzip says "Not a gzipped file (b'ab')" or "Compressed file ended before the end-of-stream marker"
+        # without the file's name.
+        if not isinstance(error, (OSError, EOFError, zlib.error)) and type(error).__name__ != "ZstdError":
+            raise
+        raise ValueError(f"{path}: cannot be decompressed, the file is corrupt or not {path.rsplit('.', 1)[-1]} "
+                         f"data ({type(error).__name__}: {error})") from None
+
+
+def iter_tasks(paths: list[str], max_lines: int | None = None):
+    """Yields `Task`s covering every line of `paths`, in input order; with `max_lines`, none holds more lines."""
     done_before = 0
     for path in paths:
         with open(path, "rb") as raw:
             stream = _open_decompressed(path, raw)
             if stream is None:
-                yield from _byte_ranges(path, done_before)
+                yield from _byte_ranges(path, done_before, max_lines)
             else:
-                while block := stream.read(TASK_BYTES):
-                    block += stream.readline()
-                    yield Task(path, data=block, done_bytes=done_before + raw.tell())
+                yield from _decompressed_blocks(path, stream, raw, done_before, max_lines)
         done_before += os.path.getsize(path)
 
 

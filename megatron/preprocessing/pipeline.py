@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.datasets.tokenizer_record import write_tokenizer_record
 
 from .encoder import EncoderConfig, encode_task, init_worker
 from .inputs import iter_tasks, total_input_bytes
@@ -104,8 +105,11 @@ def preprocess(
     strict: bool = False,
     max_documents: int | None = None,
     log_stream=None,
+    tokenizer_record: dict | None = None,
 ) -> Summary:
-    """Tokenizes every line of `paths` into one dataset per JSON key. Returns what it did."""
+    """Tokenizes every line of `paths` into one dataset per JSON key; writes `tokenizer_record`
+    (tokenizer_record.py) next to each. Returns what it did. Input that yields no document at all (an empty
+    corpus, every line skipped) raises PreprocessError and leaves no dataset behind."""
     if workers < 1:
         raise PreprocessError(f"--workers must be at least 1, got {workers}")
     prefixes = {key: output_prefix_for(output_prefix, key, encoder.split_sentences) for key in encoder.json_keys}
@@ -117,18 +121,22 @@ def preprocess(
     in_flight = threading.BoundedSemaphore(2 * workers + 2)
     stop = threading.Event()
     pending = collections.deque()
+    unreadable = []  # an input that cannot be read, raised again by the parent with its origin
 
     def tasks():
         # Runs in the pool's feeder thread: the semaphore is the back-pressure that bounds memory, and
         # `stop` lets the thread end (so the pool can be joined) when the parent stops early.
-        for task in iter_tasks(paths):
-            while not in_flight.acquire(timeout=0.1):
+        try:
+            for task in iter_tasks(paths, max_lines=log_interval if log_interval > 0 else None):
+                while not in_flight.acquire(timeout=0.1):
+                    if stop.is_set():
+                        return
                 if stop.is_set():
                     return
-            if stop.is_set():
-                return
-            pending.append(task)
-            yield task
+                pending.append(task)
+                yield task
+        except Exception as error:  # the pool would re-raise it from its own code, without this traceback
+            unreadable.append(error)
 
     builders = {}
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -155,7 +163,13 @@ def preprocess(
                 stop.set()
                 break
         pool.close()
+        if unreadable:
+            raise unreadable[0]
+        if summary.documents == 0:
+            raise PreprocessError(_no_documents(summary, paths))
         for key, builder in builders.items():
+            if tokenizer_record is not None:
+                write_tokenizer_record(prefixes[key], tokenizer_record)
             builder.finalize(prefixes[key] + ".idx")
             summary.outputs.append(prefixes[key])
     except BaseException:
@@ -168,6 +182,15 @@ def preprocess(
         pool.join()
     summary.seconds = time.time() - progress.start
     return summary
+
+
+def _no_documents(summary: Summary, paths: list[str]) -> str:
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} input files ({paths[0]}, ...)"
+    if not summary.skipped:
+        return f"{where}: no document to write: the input has no non-blank line; nothing was written"
+    counts = ", ".join(f"{count} {kind}" for kind, count in sorted(summary.skipped.items()))
+    return (f"{where}: no document to write: all {sum(summary.skipped.values())} non-blank lines were skipped "
+            f"({counts}), e.g. {summary.examples[0]}; nothing was written")
 
 
 def _record_bad_lines(summary: Summary, result, path: str, line_offset: int, strict: bool) -> None:

@@ -3,15 +3,22 @@ NCCL or data, and print what the run would need.
 
     WORLD_SIZE=64 python pretrain_gpt.py <flags> --dry-run
 
-The arguments are validated as the real run validates them (every problem at once), the tokenizer is
-built from its files (for the padded vocabulary), then: the layout, parameters in total and per GPU,
-tokens and FLOPs per iteration, and memory per GPU with and without full recomputation
-(memory_estimate.py has the model).
+The arguments are validated as the real run validates them (every problem at once) and go through the
+same checks before the model is built (preflight.py: data, tokenizer files, schedule, --save, --load), the
+tokenizer is built from its files (for the padded vocabulary), then: the layout, parameters in total and
+per GPU, tokens and FLOPs per iteration, and memory per GPU with and without full recomputation
+(memory_estimate.py has the model). A run whose estimate does not fit the largest GPU there is, even with
+full recomputation, is an error (exit status 1).
 """
 
 from megatron.training.batch_plan import BatchPlan
 from megatron.training.memory_estimate import GIB, estimate_memory, parameters_per_rank, total_parameters
 from megatron.training.training_log import num_floating_point_operations
+
+
+# The most memory one GPU has (B200 and MI300X: 192 GB); a run whose estimate exceeds it fits no GPU.
+LARGEST_GPU = "NVIDIA B200, AMD MI300X"
+LARGEST_GPU_BYTES = 192 * 10**9
 
 
 def _in_unit(value: int, unit: int) -> str:
@@ -50,9 +57,19 @@ def dry_run_report(args) -> str:
 
 
 def dry_run(args) -> None:
-    """Builds the tokenizer (for the padded vocabulary) and prints the report."""
+    """Builds the tokenizer (for the padded vocabulary), prints the report, and raises ValueError when the
+    memory estimate fits no GPU."""
     from megatron.core.tokenizers import build_tokenizer
 
     if getattr(args, "padded_vocab_size", None) is None:
         build_tokenizer(args)
     print(dry_run_report(args), flush=True)
+    estimate = estimate_memory(args, BatchPlan.from_args(args).num_microbatches)
+    smallest = min(estimate.total, estimate.total_full_recompute)
+    if smallest > LARGEST_GPU_BYTES:
+        raise ValueError(
+            f"the estimate needs {smallest / GIB:,.1f} GiB per GPU even with full recomputation, more than the "
+            f"{LARGEST_GPU_BYTES / 1e9:.0f} GB of the largest GPU assumed ({LARGEST_GPU}): split the model further "
+            "(--tensor-model-parallel-size, --pipeline-model-parallel-size), shard the optimizer "
+            "(--use-distributed-optimizer), or use a smaller --micro-batch-size"
+        )

@@ -28,14 +28,16 @@ from megatron.training.console import print_rank_0
 
 def parse_and_validate_args(extra_args_provider=None, args_defaults: dict | None = None,
                             ignore_unknown_args: bool = False):
-    """The command line parsed and validated (Megatron-LM's `parse_and_validate_args`); with
-    --use-checkpoint-args the model's shape comes from the checkpoint, before validation derives anything."""
+    """The command line parsed and validated, and made the run's `get_args()` (Megatron-LM's
+    `parse_and_validate_args`); with --use-checkpoint-args the model's shape comes from the checkpoint, before
+    validation derives anything."""
     args = parse_args(extra_args_provider, ignore_unknown_args)
     if args.use_checkpoint_args or (args_defaults or {}).get("use_checkpoint_args", False):
         if args.load is None:
             raise ValueError("--use-checkpoint-args needs --load")
         args, _ = load_args_from_checkpoint(args)
     validate_args(args, args_defaults or {})
+    global_vars.set_args(args)
     return args
 
 

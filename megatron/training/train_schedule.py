@@ -53,7 +53,6 @@ class TrainingSchedule:
                 derived_lr_decay_iters=lr_decay_iters if args.lr_decay_iters is None else None,
             )
         train_iters = plan.train_iters(args.train_samples)
-        print_rank_0(f"setting training iterations to {train_iters}")
         decay = args.lr_decay_samples if args.lr_decay_samples is not None else args.train_samples
         return cls(
             train_iters=train_iters,
@@ -87,6 +86,8 @@ class TrainingSchedule:
 
     def publish(self, args) -> None:
         """Writes the derived values under Megatron's argument names (module docstring)."""
+        if args.train_iters != self.train_iters:
+            print_rank_0(f"setting training iterations to {self.train_iters}")
         args.train_iters = self.train_iters
         if self.derived_lr_decay_iters is not None:
             args.lr_decay_iters = self.derived_lr_decay_iters

@@ -101,6 +101,7 @@ class Trainer:
         if not args.skip_train and self.data.do_train:
             print_rank_0("training ...")
             exit_code = self.train()
+            args.curr_iteration = self.state.iteration  # Megatron's live iteration; the run summary reads it
             if exit_code is not None:
                 return exit_code
             iteration = self.state.iteration

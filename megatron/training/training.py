@@ -2,9 +2,10 @@
 
     pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func, ...)
 
-parse and validate the command line (`--dry-run` stops there) -> `initialize_megatron` (process groups,
-seeds, tokenizer, timers, writers) -> a `Trainer` (trainer.py) builds model, optimizer, scheduler (and
-resumes), builds the data iterators, trains, saves, validates and tests -> the process groups are freed.
+parse and validate the command line -> checks before the model (preflight.py; `--dry-run` stops there) ->
+`initialize_megatron` (process groups, seeds, tokenizer, timers, writers) -> a `Trainer` (trainer.py) builds
+model, optimizer, scheduler (and resumes), builds the data iterators, trains, saves, validates and tests ->
+the process groups are freed -> the run's summary line.
 
 Also here, under Megatron-LM's names, for code that drives the pieces itself: `get_model`,
 `setup_model_and_optimizer`, `get_optimizer_param_scheduler` and `train_step`.
@@ -23,6 +24,8 @@ from megatron.training.dry_run import dry_run
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 from megatron.training.initialize import initialize_megatron, parse_and_validate_args
 from megatron.training.model_chunks import get_model
+from megatron.training.preflight import preflight
+from megatron.training.run_summary import print_run_summary
 from megatron.training.step import train_step
 from megatron.training.train_schedule import TrainingSchedule
 from megatron.training.trainer import Trainer
@@ -49,6 +52,7 @@ def pretrain(
     args = parsed_args if parsed_args is not None else parse_and_validate_args(extra_args_provider, args_defaults)
     # Recorded as Megatron-LM records it; the parameter and memory estimates tell a T5 by it.
     args.model_type = model_type
+    preflight(args)
     if args.dry_run:
         dry_run(args)
         return
@@ -59,6 +63,7 @@ def pretrain(
     )
     exit_code = _run(args, train_valid_test_dataset_provider, model_provider, model_type, forward_step_func, start)
     _shut_down()
+    print_run_summary(args, start)
     if exit_code is not None:
         sys.exit(exit_code)
 

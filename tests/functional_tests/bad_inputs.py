@@ -4,8 +4,11 @@ tests (test_bad_inputs.py, one test per row) and renders docs/bad_inputs.md, so 
     python -m tests.functional_tests.bad_inputs --write     # regenerate docs/bad_inputs.md
 
 Each row builds its bad input under a scratch directory and makes the call a user's run would make
-(argument validation, opening a dataset, building a tokenizer, loading a checkpoint, preprocessing); the
-row's `message` must appear in the error it raises.
+(argument validation, opening a dataset, building a tokenizer, loading a checkpoint, preprocessing) under
+the entry points' error convention (megatron/training/errors.py): it must end the call with a non-zero
+exit status, print `error: <message>` with the row's `message` in it, and no traceback; a row's `after`
+check then looks at what was left on disk. The rows of bad_inputs_run.py (checks before the model is built,
+saving, preprocessing's output, the tools) follow those of this file.
 """
 
 import argparse
@@ -35,6 +38,7 @@ class BadInput:
     tried: str  # what the user did (markdown)
     attempt: Callable[[str], None]  # attempt(scratch_dir) raises
     message: str  # must appear in the error
+    after: Callable[[str], None] | None = None  # after(scratch_dir) asserts what is left (nothing complete-looking)
 
 
 @contextlib.contextmanager
@@ -128,13 +132,17 @@ def _preprocess(scratch: str, lines: bytes, *flags) -> None:
     with open(corpus, "wb") as file:
         file.write(lines)
     vocab_flags = _gpt2_files(scratch, _GOOD_VOCAB, _GOOD_MERGES)
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input", corpus, "--output-prefix",
-         os.path.join(scratch, "out"), *vocab_flags, "--workers", "1", "--strict", *flags],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )
+    run_script("tools/preprocess_data.py", "--input", corpus, "--output-prefix", os.path.join(scratch, "out"),
+               *vocab_flags, "--workers", "1", *flags)
+
+
+def run_script(script: str, *flags) -> None:
+    """Runs a script of the repository as a user would; its stderr and exit status become this call's."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *flags], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
     if result.returncode != 0:
-        raise RuntimeError(result.stdout + result.stderr)
+        sys.stderr.write(result.stderr)
+        sys.exit(result.returncode)
 
 
 @contextlib.contextmanager
@@ -336,16 +344,16 @@ CASES = {
     # --- preprocessing -----------------------------------------------------------------------------------
     "non-utf8-json": BadInput(
         "a corpus line that is not UTF-8, `preprocess_data.py --strict`",
-        lambda scratch: _preprocess(scratch, b'{"text": "ab"}\n{"text": "a\xff\xfeb"}\n'),
+        lambda scratch: _preprocess(scratch, b'{"text": "ab"}\n{"text": "a\xff\xfeb"}\n', "--strict"),
         "corpus.jsonl:2: invalid UTF-8: byte 11: b'\\xff\\xfeb\"' (--strict stops at the first bad line; nothing was "
         "written)"),
     "malformed-json": BadInput(
         "a corpus line that is not JSON, `--strict`",
-        lambda scratch: _preprocess(scratch, b'{"text": "ab"}\n{"text": ab\n'),
+        lambda scratch: _preprocess(scratch, b'{"text": "ab"}\n{"text": ab\n', "--strict"),
         "corpus.jsonl:2: malformed JSON: Expecting value at column 10"),
     "missing-json-key": BadInput(
         "a corpus without the `--json-keys` key, `--strict`",
-        lambda scratch: _preprocess(scratch, b'{"body": "ab"}\n'),
+        lambda scratch: _preprocess(scratch, b'{"body": "ab"}\n', "--strict"),
         "corpus.jsonl:1: missing key: no 'text' (keys: ['body'])"),
     # --- checkpoints -------------------------------------------------------------------------------------
     "checkpoint-other-shape": BadInput(
@@ -396,26 +404,45 @@ CASES = {
 
 
 def error_message(case: BadInput, scratch: str) -> str:
-    """The message `case` gets (its exception, or argparse's usage error), or raises when none comes."""
+    """What `case` prints, run as an entry point runs: `error: ...` and a non-zero exit status, no traceback.
+    An error that is not a user error propagates with its traceback (and fails the test)."""
+    from megatron.training.errors import run_entry_point
+
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            case.attempt(scratch)
-    except SystemExit:
-        return stderr.getvalue()
-    except Exception as error:  # noqa: BLE001 - every error type is a valid answer; its text is checked
-        return f"{type(error).__name__}: {error}"
+            run_entry_point(case.attempt, scratch)
+    except SystemExit as stopped:
+        printed = stderr.getvalue()
+        assert stopped.code not in (0, None), f"{case.tried}: exit status {stopped.code}\n{printed}"
+        assert "error: " in printed and "Traceback" not in printed, printed
+        return printed
     raise AssertionError(f"{case.tried}: no error")
+
+
+def all_cases() -> dict:
+    """This file's rows, then bad_inputs_run.py's."""
+    from .bad_inputs_run import RUN_CASES
+
+    return {**CASES, **RUN_CASES}
 
 
 def markdown() -> str:
     rows = ["| # | Bad input | Message (excerpt that the test checks) |", "|---|---|---|"]
-    for number, case in enumerate(CASES.values(), 1):
+    for number, case in enumerate(all_cases().values(), 1):
         message = case.message.replace("{scratch}", "DIR").replace("\n", " ").replace("|", "\\|")
         rows.append(f"| {number} | {case.tried} | `{message}` |")
-    return ("# Bad inputs and the messages they get\n\nGenerated from `tests/functional_tests/bad_inputs.py` "
+    return ("# Bad inputs and the messages they get\n\n"
+            "Every entry point (`pretrain_*.py`, the tools, `python -m megatron doctor`) answers a user error with "
+            "one line, `error: <message>`, and a non-zero exit status (1; 2 for a command line that does not parse; "
+            "130 for Ctrl-C), without a traceback, printed once per job under torchrun (then torchrun adds its own "
+            "failure report); an unexpected exception keeps its traceback, and `MEGATRON_TRACEBACK=1` shows it for "
+            "user errors too (`megatron/training/errors.py`).\n\n"
+            "Generated from `tests/functional_tests/bad_inputs.py` and `bad_inputs_run.py` "
             "(`python -m tests.functional_tests.bad_inputs --write`); each row is a test in "
-            "`tests/functional_tests/test_bad_inputs.py`.\n\n" + "\n".join(rows) + "\n")
+            "`tests/functional_tests/test_bad_inputs.py` of the exit status, the message, the absence of a "
+            "traceback and, where files are involved, of anything complete-looking left behind.\n\n"
+            + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -146,4 +146,6 @@ def test_loading_a_tp2_checkpoint_at_tp1_names_the_mismatch(tp2_checkpoints):
     result = pretrain_gpt(1, TINY + ["--train-iters", "4", "--load", str(tp2_checkpoints / "straight")],
                       expect_failure=True)
     assert "tensor_model_parallel_size: checkpoint 2, this run 1" in result.stdout + result.stderr
-    assert "cannot be loaded under a different TP size" in result.stdout + result.stderr
+    assert (f"reshard it with: python tools/checkpoint/convert.py --model-type GPT --loader core --saver core "
+            f"--load-dir {tp2_checkpoints / 'straight'} --save-dir {tp2_checkpoints / 'straight'}-tp1 "
+            "--target-tensor-parallel-size 1") in result.stdout + result.stderr

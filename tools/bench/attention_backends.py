@@ -5,8 +5,12 @@
 Prints milliseconds per forward+backward and TFLOP/s (causal: 2 * 2 * b * heads * s^2 * d / 2 forward, 2.5x
 that for forward + backward) for the flash, cuDNN and memory-efficient backends, and the largest difference
 of each backend's output and input gradients from the flash backend's, so that a faster backend is only
-chosen where it computes the same function.
+chosen where it computes the same function. Each shape runs in two memory layouts: `bhsd` (contiguous
+[b, heads, s, d], as SDPA's documentation uses) and `sbhd` ([s, b, heads, d] permuted to [b, heads, s, d], the
+strided view that the model's sequence-first attention passes to SDPA).
 """
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -24,31 +28,39 @@ BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTEN
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def run(backend, q, k, v, grad):
+def run(backend, q, k, v, grad, layout):
+    """Forward + backward; inputs and gradients are leaves in `layout`, SDPA sees [b, heads, s, d]."""
     with sdpa_kernel([backend]):
         for tensor in (q, k, v):
             tensor.grad = None
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1))
+        views = [t.permute(1, 2, 0, 3) if layout == "sbhd" else t for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=views[1].size(1) != views[0].size(1))
         out.backward(grad)
     return out, q.grad, k.grad, v.grad
+
+
+def make_inputs(b, heads, groups, s, d, layout):
+    """q, k, v (leaves) and the output gradient, seeded, in `layout`."""
+    torch.manual_seed(0)
+    shape = (lambda h: (s, b, h, d)) if layout == "sbhd" else (lambda h: (b, h, s, d))
+    q, k, v = (torch.randn(*shape(h), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (heads, groups, groups))
+    return q, k, v, torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
 
 
 def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| shape | backend | ms fwd+bwd | TFLOP/s | max diff vs flash (out, dq, dk, dv) |")
     print("|---|---|---|---|---|")
-    for name, (b, heads, groups, s, d) in SHAPES.items():
-        torch.manual_seed(0)
-        q = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k = torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        v = torch.randn(b, groups, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+    for (name, (b, heads, groups, s, d)), layout in itertools.product(SHAPES.items(), ("bhsd", "sbhd")):
+        q, k, v, grad = make_inputs(b, heads, groups, s, d, layout)
+        name = f"{name} {layout}"
         flops = 2.5 * 2 * 2 * b * heads * s * s * d / 2
         expected = None
         for label, backend in BACKENDS.items():
             try:
-                results = run(backend, q, k, v, grad)
-                ms = do_bench(lambda: run(backend, q, k, v, grad), warmup=25, rep=100, return_mode="median")
+                results = run(backend, q, k, v, grad, layout)
+                ms = do_bench(lambda: run(backend, q, k, v, grad, layout), warmup=25, rep=100, return_mode="median")
             except RuntimeError as error:
                 print(f"| {name} | {label} | unavailable: {str(error).splitlines()[0][:80]} | | |")
                 continue

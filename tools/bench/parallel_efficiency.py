@@ -1,7 +1,7 @@
 """Parallel efficiency on the two GPUs of one host: every layout of the GPT 1.3B against one GPU, one table.
 
     python tools/bench/parallel_efficiency.py                         # 2 GPUs, ~8 minutes
-    python tools/bench/parallel_efficiency.py --extra mbs8,cp,ep,8b   # + more rows (each pair ~1-4 min)
+    python tools/bench/parallel_efficiency.py --extra mbs8,graph,cp,ep,8b   # + more rows (each pair ~1-4 min)
     python tools/bench/parallel_efficiency.py --sections tp,dp        # a part of the main rows (also: pp)
     python tools/bench/parallel_efficiency.py --tiny                  # the script itself: tiny, CPU, gloo
 
@@ -23,7 +23,8 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 | PP=2 interleaved, 2 virtual stages | 2 | 32 | same ideal (the interleaved bubble is smaller: above 100% is possible) |
 
 --extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond
-its tokens), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
+its tokens), graph (one GPU, TP=2 + SP and TP=2 with `--cuda-graph-impl full_iteration`, against the one-GPU
+graph row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
 GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b
 (Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
 layers: TFLOP/s/GPU, since the layer counts differ).
@@ -140,6 +141,13 @@ def communication_per_step(trace_path: str, steps: int) -> dict:
             "exposed comm ms/step": (total - _intersection(communication, compute)) / 1e3 / steps}
 
 
+def failure_reason(output: str) -> str:
+    """The last `...Error: message` line of a failed run's output (torchrun's own summary says nothing), else
+    its tail."""
+    errors = re.findall(r"^(?:\[rank\d+\]: )?([\w.]*(?:Error|Exception)\b.*)$", output, re.MULTILINE)
+    return (errors[-1] if errors else output[-300:]).strip()[:400]
+
+
 class Bench:
     def __init__(self, tiny: bool, timeout: int, trace_dir: str):
         self.tiny, self.timeout, self.trace_dir = tiny, timeout, trace_dir
@@ -153,7 +161,7 @@ class Bench:
         try:
             output = train(gpus, args, timeout=self.timeout, base=BASE, environment=environment)
         except (SystemExit, subprocess.TimeoutExpired) as failure:
-            row = {"row": name, "gpus": gpus, "note": f"FAILED: {str(failure)[-300:]}"}
+            row = {"row": name, "gpus": gpus, "note": f"FAILED: {failure_reason(str(failure))}"}
             output = None
         if output is not None:
             row = {"row": name, "gpus": gpus, **measured(output, count + 1 if profile else None)}
@@ -224,6 +232,11 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
             "--micro-batch-size", "8", "--global-batch-size", "8"], count=20), one)
         bench.ratio(bench.run("TP=2 + SP + tp-comm-overlap, micro batch 8", 2, GPT_1_3B + TP2 + SP + [
             "--tp-comm-overlap", "--micro-batch-size", "8", "--global-batch-size", "8"], count=20), one)
+    if "graph" in extras:  # the host's share: the same rows replayed from a full-iteration CUDA graph
+        graph = ["--cuda-graph-impl", "full_iteration", "--global-batch-size", "4"]
+        one = bench.run("one GPU, CUDA graph", 1, GPT_1_3B + graph, count=20)
+        for name, flags in [("TP=2 + SP, CUDA graph", TP2 + SP), ("TP=2, no SP, CUDA graph", TP2)]:
+            bench.ratio(bench.run(name, 2, GPT_1_3B + flags + graph, count=20, profile=True), one)
     if "cp" in extras:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
@@ -257,7 +270,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="tp,dp,pp", help="comma-separated subset of tp,dp,pp (the main rows)")
-    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,cp,ep,8b")
+    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,ep,8b")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
     parser.add_argument("--trace-dir", default=os.path.join(tempfile.gettempdir(), "parallel_efficiency_traces"),

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.training.checkpoint_conversion.inspect_checkpoint import main  # noqa: E402
+from megatron.training.errors import run_entry_point  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_entry_point(main)

@@ -26,7 +26,7 @@ from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.rank_logging import log_single_rank
-from megatron.core.datasets.split import Split
+from megatron.core.datasets.split import Split, split_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -179,12 +179,11 @@ class BlendedMegatronDatasetBuilder:
         low_level_dataset = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level_dataset)
         datasets = []
-        for split, bounds in zip(Split, split_matrix):
-            if bounds is None:
+        for split, elements in zip(Split, split_ranges(split_matrix, num_elements)):
+            if elements is None:
                 datasets.append(None)
                 continue
-            begin = int(round(bounds[0] * float(num_elements)))
-            end = int(round(bounds[1] * float(num_elements)))
+            begin, end = elements
             indices = np.arange(start=begin, stop=end, step=1, dtype=np.int32)
             datasets.append(
                 self.build_generic_dataset(

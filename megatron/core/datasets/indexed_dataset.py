@@ -137,8 +137,21 @@ class _Index:
             return
         if self.sequence_lengths.min() < 0:
             raise ValueError(f"{self.path}: corrupt sequence lengths: negative values")
-        last_pointer = int(self.sequence_lengths[:-1].sum(dtype=np.int64)) * self.dtype.itemsize
+        tokens_before_last = int(self.sequence_lengths[:-1].sum(dtype=np.int64))
+        last_pointer = tokens_before_last * self.dtype.itemsize
         if self.sequence_pointers[0] != 0 or self.sequence_pointers[-1] != last_pointer:
+            codes = ", ".join(f"{d.value}={d.name}" for d in DType)
+            fitting = [d for d in DType if tokens_before_last and DType.size(d.value) * tokens_before_last
+                       == self.sequence_pointers[-1] and self.sequence_pointers[0] == 0]
+            if fitting:
+                # The pointers are byte offsets, so they tell the item size the file was written with.
+                raise ValueError(
+                    f"{self.path}: the header's dtype code is {DType.code_from_dtype(self.dtype)} "
+                    f"({self.dtype.name}), but the sequence pointers were written for a "
+                    f"{DType.size(fitting[0].value)}-byte dtype "
+                    f"({' or '.join(f'{d.value}={d.name}' for d in fitting)}): "
+                    f"the dtype byte (offset 17) was changed or the file is corrupt; valid codes: {codes}"
+                )
             raise ValueError(
                 f"{self.path}: corrupt sequence pointers: the last one is {int(self.sequence_pointers[-1])} "
                 f"but the sequence lengths put it at byte {last_pointer}"

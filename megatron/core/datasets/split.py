@@ -60,3 +60,13 @@ def convert_split_vector_to_split_matrix(
         else:
             matrix.append((max(begin_a, begin_b), min(end_a, end_b)))
     return matrix
+
+
+def split_ranges(split_matrix: list[tuple[float, float] | None], num_elements: int) -> list[tuple[int, int] | None]:
+    """The elements `[round(begin * N), round(end * N))` each split gets of a low-level dataset with
+    `num_elements` = N elements (None for a split with no share)."""
+    return [
+        None if bounds is None
+        else (int(round(bounds[0] * float(num_elements))), int(round(bounds[1] * float(num_elements))))
+        for bounds in split_matrix
+    ]

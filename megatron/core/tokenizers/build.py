@@ -29,6 +29,8 @@ FILES_BY_TYPE = {
     "NullTokenizer": (),
 }
 TOKENIZER_TYPES = tuple(FILES_BY_TYPE)
+# The types whose vocabulary size --vocab-size sets (the others read theirs from their files).
+SIZED_BY_VOCAB_SIZE = ("NullTokenizer", "TikTokenizer")
 
 
 def vocab_size_with_padding(
@@ -52,7 +54,7 @@ def _flag(attribute: str) -> str:
     return "--" + attribute.replace("_", "-")
 
 
-def _problems(args) -> list[str]:
+def tokenizer_problems(args) -> list[str]:
     """Everything wrong with the tokenizer flags, to report at once."""
     tokenizer_type = getattr(args, "tokenizer_type", None)
     if tokenizer_type is None:
@@ -69,8 +71,17 @@ def _problems(args) -> list[str]:
             problems.append(f"{_flag(attribute)} {path!r} (needed by --tokenizer-type {tokenizer_type}) {what}")
     if tokenizer_type == "HuggingFaceTokenizer" and getattr(args, "tokenizer_model", None) is None:
         problems.append("--tokenizer-model (a directory or a hub id) is required by --tokenizer-type HuggingFaceTokenizer")
-    if tokenizer_type == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
+    vocab_size = getattr(args, "vocab_size", None)
+    if tokenizer_type == "NullTokenizer" and vocab_size is None:
         problems.append("--vocab-size is required by --tokenizer-type NullTokenizer")
+    if vocab_size is not None and tokenizer_type not in SIZED_BY_VOCAB_SIZE:
+        # Megatron-LM reads --vocab-size only for these types and ignores it for the others without a word,
+        # which hides a wrong tokenizer: the embedding has the rows of the tokenizer's own vocabulary.
+        problems.append(
+            f"--vocab-size {vocab_size} is only used by --tokenizer-type {' and '.join(SIZED_BY_VOCAB_SIZE)}; "
+            f"--tokenizer-type {tokenizer_type} takes its vocabulary size from its files: leave --vocab-size out "
+            "(the embedding is padded to a multiple of --make-vocab-size-divisible-by, or give --padded-vocab-size)"
+        )
     if tokenizer_type == "TikTokenizer" and getattr(args, "tiktoken_pattern", None) not in PATTERNS:
         problems.append(
             f"--tiktoken-pattern v1 or v2 is required by --tokenizer-type TikTokenizer, "
@@ -120,7 +131,7 @@ def construct_tokenizer(args) -> MegatronTokenizer:
     """The tokenizer of `args` (an argparse Namespace or any object with the tokenizer flags), after checking
     its flags and files; prints Megatron's "> building ... tokenizer" line on rank 0 (`args.rank`, default 0).
     Changes nothing in `args`."""
-    problems = _problems(args)
+    problems = tokenizer_problems(args)
     if problems:
         raise ValueError("invalid tokenizer arguments:\n  - " + "\n  - ".join(problems))
     if getattr(args, "rank", 0) == 0:

@@ -39,8 +39,9 @@ class AttnMaskType(enum.Enum):
 class AttnBackend(enum.Enum):
     """Core-attention implementation (`--attention-backend`).
 
-    `auto`, `flash`, `fused`: `torch.nn.functional.scaled_dot_product_attention` (`flash` and `fused`
-    pin its flash resp. memory-efficient/cuDNN kernels). `unfused`, `local`: the explicit
+    `auto`, `flash`, `fused`: `torch.nn.functional.scaled_dot_product_attention`; on CUDA `auto` tries its
+    cuDNN, flash, memory-efficient and math kernels in that order, `flash` and `fused` pin its flash resp.
+    cuDNN/memory-efficient kernels. `unfused`, `local`: the explicit
     softmax(QK^T/sqrt(d))V reference in `DotProductAttention`.
     """
 

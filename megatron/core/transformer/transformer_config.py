@@ -17,7 +17,8 @@ from typing import Callable, List, Optional, Union
 import torch.nn.functional as F
 
 from megatron.core.fp8.recipe import fp8_config_problems
-from megatron.core.model_parallel_config import ModelParallelConfig, divisors, raise_config_problems
+from megatron.core.model_parallel_config import ModelParallelConfig, raise_config_problems
+from megatron.core.transformer.config_rules import recompute_layer_problems, tensor_parallel_split_problems
 from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
@@ -26,17 +27,6 @@ from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_
 
 RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
 RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
-
-
-def tensor_parallel_sizes_for_attention(num_attention_heads: int, num_query_groups: int) -> list[int]:
-    """The TP sizes p that split `num_attention_heads` query heads in `num_query_groups` key/value groups:
-    p divides the heads, and either divides the groups (whole groups per rank) or is a multiple of them
-    (p / ng ranks share one key/value head)."""
-    return [
-        size
-        for size in divisors(num_attention_heads)
-        if num_query_groups % size == 0 or size % num_query_groups == 0
-    ]
 
 
 @dataclass
@@ -306,37 +296,18 @@ class TransformerConfig(ModelParallelConfig):
                 problems.append(f"{name} must be a positive integer, got {value!r}")
         if problems:
             return problems
-        tp, heads = self.tensor_model_parallel_size, self.num_attention_heads
-        if heads % tp:
-            problems.append(
-                f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp}); "
-                f"TP sizes that divide {heads} heads: {', '.join(map(str, divisors(heads)))}"
-            )
+        heads = self.num_attention_heads
         if self.num_query_groups is None:
             self.num_query_groups = heads
-        groups = self.num_query_groups
-        if groups < 1 or heads % groups:
-            problems.append(
-                f"num_query_groups ({groups}) must divide num_attention_heads ({heads}): "
-                f"{', '.join(map(str, divisors(heads)))}"
-            )
-        elif groups % tp and tp % groups and groups != heads:  # groups == heads: reported as a heads problem
-            legal = tensor_parallel_sizes_for_attention(heads, groups)
-            problems.append(
-                f"num_query_groups ({groups}) must be a multiple of tensor_model_parallel_size ({tp}) (each TP "
-                f"rank holds whole key/value heads) or divide it (p/ng ranks share one); TP sizes for {groups} "
-                f"groups of {heads} heads: {', '.join(map(str, legal))}"
-            )
         if self.kv_channels is None:
             self.kv_channels = self.hidden_size // heads
         if self.kv_channels < 1:
             problems.append(f"kv_channels must be positive, got {self.kv_channels}")
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
-        if self.ffn_hidden_size % tp:
-            problems.append(
-                f"ffn_hidden_size ({self.ffn_hidden_size}) must be a multiple of tensor_model_parallel_size ({tp})"
-            )
+        problems += tensor_parallel_split_problems(
+            heads, self.num_query_groups, self.ffn_hidden_size, self.tensor_model_parallel_size
+        )
         problems += pipeline_layer_split_problems(self)
         for name in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, name)
@@ -371,18 +342,10 @@ class TransformerConfig(ModelParallelConfig):
             return [f"recompute_granularity must be 'full' or 'selective', got {granularity!r}"]
         if method is not None and method not in ("uniform", "block"):
             problems.append(f"recompute_method must be 'uniform' or 'block', got {method!r}")
-        if granularity == "full":
-            per_stage = self.num_layers // max(self.pipeline_model_parallel_size, 1)
-            if method is None:
-                problems.append("recompute_granularity='full' needs recompute_method 'uniform' or 'block'")
-            if num is None or not 1 <= num <= max(per_stage, 1):
-                problems.append(
-                    f"recompute_granularity='full' needs recompute_num_layers between 1 and the layers per "
-                    f"pipeline stage ({per_stage}), got {num}"
-                )
-        else:
-            if num is not None:
-                problems.append(f"recompute_granularity='selective' needs recompute_num_layers=None, got {num}")
+        problems += recompute_layer_problems(
+            granularity, method, num, self.num_layers, self.pipeline_model_parallel_size
+        )
+        if granularity == "selective":
             for module in self.recompute_modules:
                 if module in RECOMPUTE_MODULES_NOT_YET:
                     problems.append(f"recompute_modules entry {module!r} is not supported yet")

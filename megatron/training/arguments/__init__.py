@@ -3,10 +3,12 @@
     args = parse_args(extra_args_provider, args_list=["--num-layers", "12", ...])
     args = validate_args(args, defaults={"tokenizer_type": "GPT2BPETokenizer"})
 
-The flags live in one module per group (model.py, training.py, data.py, ...); deprecated.py translates
-removed Megatron flags, unsupported.py refuses features not built yet, validation.py derives Megatron's
-values and reports every problem at once; config_file.py reads `--config-file`; core_configs.py converts
-the result into `TransformerConfig`, `OptimizerConfig` and `DistributedDataParallelConfig`.
+Each flag is a documented field of a section dataclass (megatron/training/config/: network size, training,
+data, checkpointing, ...), and parser.py makes one argparse group per section; deprecated.py translates
+removed Megatron flags, unsupported.py refuses features not built yet, validation.py runs each section's
+own checks, the derived values (derived.py) and the rules across sections (validate_*.py), and reports
+every problem at once; config_file.py reads `--config-file`; core_configs.py converts the result into
+`TransformerConfig`, `OptimizerConfig` and `DistributedDataParallelConfig`.
 """
 
 import importlib

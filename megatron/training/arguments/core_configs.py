@@ -1,7 +1,8 @@
-"""The one conversion from the validated argparse namespace to Megatron-Core's config dataclasses.
+"""The one conversion from the validated arguments to Megatron-Core's config dataclasses.
 
-Every dataclass field whose name is also an argument is copied; the fields Megatron names differently
-from their flags are mapped explicitly below.
+Each config field is mapped in one place: a field named like a flag's dest is copied as is (generically,
+by name); a field Megatron names differently reads its dest from the RENAMED_* tables; the few that are
+computed from several flags are the functions below.
 """
 
 import argparse
@@ -16,9 +17,34 @@ from megatron.core.optimizer.optimizer_config import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+# TransformerConfig field: the dest whose value it takes.
+RENAMED_TRANSFORMER_FIELDS = {
+    "layernorm_zero_centered_gamma": "apply_layernorm_1p",
+    "layernorm_epsilon": "norm_epsilon",
+    "pipeline_dtype": "params_dtype",
+    "num_moe_experts": "num_experts",
+    "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
+    "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
+    "fp8_param": "fp8_param_gather",
+}
 
-def _same_name_fields(config_class, args: argparse.Namespace) -> dict:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class) if hasattr(args, f.name)}
+# DistributedDataParallelConfig field: the dest whose value it takes.
+RENAMED_DDP_FIELDS = {
+    "grad_reduce_in_fp32": "accumulate_allreduce_grads_in_fp32",
+    "bucket_size": "ddp_bucket_size",
+    "average_in_collective": "ddp_average_in_collective",
+}
+
+
+def _mapped_fields(config_class, args: argparse.Namespace, renamed: dict) -> dict:
+    """{field: value} of every field of `config_class` that `args` holds under the field's name or, for
+    the fields in `renamed`, under the dest named there."""
+    values = {}
+    for field in dataclasses.fields(config_class):
+        dest = renamed.get(field.name, field.name)
+        if hasattr(args, dest):
+            values[field.name] = getattr(args, dest)
+    return values
 
 
 def _activation(args) -> dict:
@@ -38,50 +64,43 @@ def _activation(args) -> dict:
     return {"activation_func": F.gelu, "bias_activation_fusion": args.bias_gelu_fusion}
 
 
-def core_transformer_config_from_args(args: argparse.Namespace, config_class=None) -> TransformerConfig:
-    """`TransformerConfig` (or `config_class`, a subclass) from validated arguments, as Megatron builds it."""
-    config_class = config_class or TransformerConfig
-    renamed = {
+def _computed_transformer_fields(args) -> dict:
+    """The TransformerConfig fields that no single flag holds as is."""
+    computed = {
         "persist_layer_norm": not args.no_persist_layer_norm,
-        "layernorm_zero_centered_gamma": args.apply_layernorm_1p,
-        "layernorm_epsilon": args.norm_epsilon,
         "deallocate_pipeline_outputs": True,
-        "pipeline_dtype": args.params_dtype,
         "batch_p2p_comm": not args.overlap_p2p_comm,
-        "num_moe_experts": args.num_experts,
-        "num_layers_in_first_pipeline_stage": args.decoder_first_pipeline_num_layers,
-        "num_layers_in_last_pipeline_stage": args.decoder_last_pipeline_num_layers,
-        "fp8_param": args.fp8_param_gather,
         "attention_backend": AttnBackend[args.attention_backend],
         # --num-query-groups only counts with --group-query-attention; None means one group per head.
         "num_query_groups": args.num_query_groups if args.group_query_attention else None,
         "use_cpu_initialization": bool(args.use_cpu_initialization),
+        # One name for all layers, or one per layer.
+        "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
         **_activation(args),
     }
     if args.init_method_xavier_uniform:
-        renamed["init_method"] = renamed["output_layer_init_method"] = torch.nn.init.xavier_uniform_
-    # One name for all layers, or one per layer.
-    renamed["cp_comm_type"] = args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type)
+        computed["init_method"] = computed["output_layer_init_method"] = torch.nn.init.xavier_uniform_
+    return computed
+
+
+def core_transformer_config_from_args(args: argparse.Namespace, config_class=None) -> TransformerConfig:
+    """`TransformerConfig` (or `config_class`, a subclass) from validated arguments, as Megatron builds it."""
+    config_class = config_class or TransformerConfig
     fields = {f.name for f in dataclasses.fields(config_class)}
-    kwargs = _same_name_fields(config_class, args)
-    kwargs.update({name: value for name, value in renamed.items() if name in fields})
+    kwargs = _mapped_fields(config_class, args, RENAMED_TRANSFORMER_FIELDS)
+    kwargs.update({name: value for name, value in _computed_transformer_fields(args).items() if name in fields})
     return config_class(**kwargs)
 
 
 def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:
     """`OptimizerConfig` from validated arguments (every field is named like its flag)."""
-    return OptimizerConfig(**_same_name_fields(OptimizerConfig, args))
+    return OptimizerConfig(**_mapped_fields(OptimizerConfig, args, {}))
 
 
 def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelConfig:
     """`DistributedDataParallelConfig` from validated arguments, with Megatron's renamed fields."""
-    kwargs = _same_name_fields(DistributedDataParallelConfig, args)
-    kwargs.update(
-        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-        # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
-        # with a checkpoint or skips); DDP's own check would raise on the one poisoned rank alone.
-        check_for_nan_in_grad=False,
-        bucket_size=args.ddp_bucket_size,
-        average_in_collective=args.ddp_average_in_collective,
-    )
+    kwargs = _mapped_fields(DistributedDataParallelConfig, args, RENAMED_DDP_FIELDS)
+    # The training loop checks every rank's gradients itself (bad_step.py: names the rank, then stops
+    # with a checkpoint or skips); DDP's own check would raise on the one poisoned rank alone.
+    kwargs["check_for_nan_in_grad"] = False
     return DistributedDataParallelConfig(**kwargs)

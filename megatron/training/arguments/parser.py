@@ -1,4 +1,5 @@
-"""Megatron's command line: one parser made of the flag groups, `--config-file`, and `parse_args`."""
+"""Megatron's command line: one parser made of the configuration sections' flag groups, `--config-file`, and
+`parse_args`."""
 
 import argparse
 import difflib
@@ -6,25 +7,13 @@ import os
 import sys
 
 from megatron.preprocessing.tokenizer_arguments import add_tokenizer_args
-from megatron.training.arguments.checkpointing import _add_checkpointing_args
 from megatron.training.arguments.config_file import add_config_file_arg, find_config_file, read_config_file
-from megatron.training.arguments.data import _add_data_args
 from megatron.training.arguments.deprecated import _add_deprecated_args
-from megatron.training.arguments.logging import _add_logging_args
-from megatron.training.arguments.model import _add_fusion_args, _add_initialization_args, _add_network_size_args
-from megatron.training.arguments.moe import _add_moe_args
-from megatron.training.arguments.optimizer import (
-    _add_learning_rate_args,
-    _add_optimizer_args,
-    _add_regularization_args,
-)
-from megatron.training.arguments.parallel import _add_distributed_args
-from megatron.training.arguments.precision import _add_low_precision_args, _add_mixed_precision_args
-from megatron.training.arguments.resilience import _add_resilience_args
-from megatron.training.arguments.training import _add_autoresume_args, _add_training_args, _add_validation_args
+from megatron.training.config.run_config import RunConfig
+from megatron.training.errors import ArgumentParser
 
 
-class MegatronArgumentParser(argparse.ArgumentParser):
+class MegatronArgumentParser(ArgumentParser):
     """argparse that answers an unrecognized flag with the closest known one."""
 
     def error(self, message: str):
@@ -43,28 +32,12 @@ class MegatronArgumentParser(argparse.ArgumentParser):
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds every Megatron flag group to `parser`."""
-    for add_group in (
-        _add_network_size_args,
-        _add_fusion_args,
-        _add_regularization_args,
-        _add_training_args,
-        _add_initialization_args,
-        _add_optimizer_args,
-        _add_learning_rate_args,
-        _add_checkpointing_args,
-        _add_mixed_precision_args,
-        _add_low_precision_args,
-        _add_distributed_args,
-        _add_validation_args,
-        _add_data_args,
-        _add_autoresume_args,
-        _add_moe_args,
-        _add_logging_args,
-        _add_resilience_args,
-        _add_deprecated_args,
-    ):
-        parser = add_group(parser)
+    """Adds every Megatron flag group to `parser`: one group per configuration section (fields of the
+    section dataclasses under megatron/training/config/), the deprecated flags, the tokenizer group and
+    `--config-file`."""
+    for section in RunConfig.section_classes():
+        section.add_to(parser)
+    _add_deprecated_args(parser)
     add_tokenizer_args(parser, vocab_padding=False)
     add_config_file_arg(parser)
     return parser

@@ -2,29 +2,34 @@
 
 A captured iteration (megatron/core/full_cuda_graph.py) replays fixed kernels on fixed addresses, so it
 needs fixed shapes, no host reads of device values and no generator swaps inside the forward and backward
-passes, and (for now) one process. Each run setting that breaks one of those is named with the reason.
+passes, and (for now) no parallelism but tensor parallelism, whose collectives it replays. Each run setting
+that breaks one of those is named with the reason (the CUDA-graph flags' own rules are
+`KernelFusionConfig.validate`, megatron/training/config/model.py).
 """
 
 import torch
 
 
 def check_cuda_graph(args, problems: list) -> None:
-    impl = args.cuda_graph_impl
-    if impl in ("local", "transformer_engine"):
-        problems.append(f"--cuda-graph-impl {impl}: per-layer CUDA graphs are not supported yet; use "
-                        "--cuda-graph-impl full_iteration (one graph for the whole forward and backward pass)")
+    """What a full-iteration graph cannot replay in this run: the device, the world size, the model, the
+    recomputation and the batch schedule."""
+    if args.cuda_graph_impl != "full_iteration":
         return
-    if impl != "full_iteration":
-        return
-    if args.cuda_graph_modules:
-        problems.append(f"--cuda-graph-modules {' '.join(args.cuda_graph_modules)} must be empty with "
-                        "--cuda-graph-impl full_iteration (it captures the whole iteration)")
-    if args.cuda_graph_warmup_steps < 1:
-        problems.append(f"--cuda-graph-warmup-steps {args.cuda_graph_warmup_steps} must be at least 1")
     if not torch.cuda.is_available():
         problems.append("--cuda-graph-impl full_iteration needs a CUDA device")
+    tensor_parallel = args.tensor_model_parallel_size
+    model_size = tensor_parallel * args.pipeline_model_parallel_size * args.context_parallel_size
     reasons = {
-        f"world size {args.world_size}": args.world_size > 1,  # collectives inside the graph: not yet
+        # Tensor-parallel collectives are kernels on the compute stream: the graph replays them. Gradient
+        # reduction across data-parallel ranks is driven by host-side bucket bookkeeping, the pipeline by
+        # host-ordered sends and receives, ring attention by host-side chunk scheduling.
+        f"data-parallel size {args.world_size // model_size} (world size {args.world_size})":
+            args.world_size > model_size,
+        f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}": args.pipeline_model_parallel_size > 1,
+        f"--context-parallel-size {args.context_parallel_size}": args.context_parallel_size > 1,
+        "--tp-comm-overlap (its chunks are scheduled on side streams by the host)": args.tp_comm_overlap,
+        f"--hidden-dropout {args.hidden_dropout} at --tensor-model-parallel-size {tensor_parallel} (the "
+        "tensor-parallel random stream is swapped in on the host)": tensor_parallel > 1 and args.hidden_dropout > 0,
         "--num-experts (MoE routing reads token counts on the host)": args.num_experts is not None,
         f"--attention-dropout {args.attention_dropout} (its per-rank random stream is swapped in on the host)":
             args.attention_dropout > 0,

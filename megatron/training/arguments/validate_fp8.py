@@ -1,8 +1,9 @@
-"""FP8 flags (`--fp8-format e4m3|hybrid` and the rest), checked with the flags' names.
+"""FP8 (`--fp8-format e4m3|hybrid`) against the rest of the run (the FP8 flags' own rules are
+`LowPrecisionConfig.validate`, megatron/training/config/precision.py).
 
     needs --bf16 or --fp16; on CUDA a GPU of compute capability 8.9+ (torch._scaled_mm); the GEMM sizes of
-    a layer on one TP rank multiples of 16; not with MoE experts (not built yet); --fp8-amax-history-len and
-    --fp8-amax-compute-algo only with --fp8-recipe delayed; --first-last-layers-bf16 must leave FP8 layers
+    a layer on one TP rank multiples of 16; not with MoE experts (not built yet); --first-last-layers-bf16
+    must leave FP8 layers
 """
 
 import argparse
@@ -25,8 +26,6 @@ def _device_problem(flag: str) -> str | None:
 def check_fp8(args: argparse.Namespace, problems: list) -> None:
     """Appends the problems of the FP8 flags (after the model shape is derived)."""
     if args.fp8 is None:
-        if args.first_last_layers_bf16:
-            problems.append("--first-last-layers-bf16 needs --fp8-format (it keeps layers out of FP8 training)")
         return
     flag = f"--fp8-format {args.fp8}"
     if not (args.bf16 or args.fp16):
@@ -36,14 +35,7 @@ def check_fp8(args: argparse.Namespace, problems: list) -> None:
         problems.append(device)
     if args.num_experts is not None:
         problems.append(f"{flag}: FP8 for MoE experts (--num-experts {args.num_experts}) is not supported yet")
-    if args.fp8_amax_history_len < 1:
-        problems.append(f"--fp8-amax-history-len {args.fp8_amax_history_len} must be >= 1")
-    delayed_only = (args.fp8_amax_history_len, args.fp8_amax_compute_algo) != (1, "most_recent")
-    if args.fp8_recipe == "tensorwise" and delayed_only:
-        problems.append(f"--fp8-amax-history-len {args.fp8_amax_history_len} / --fp8-amax-compute-algo "
-                        f"{args.fp8_amax_compute_algo} belong to --fp8-recipe delayed: tensorwise scales each tensor "
-                        "by its own amax")
-    if args.first_last_layers_bf16:
+    if args.first_last_layers_bf16 and args.num_layers is not None:
         start, end = args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16
         if start < 0 or end < 0 or start + end >= args.num_layers:
             problems.append(f"--num-layers-at-start-in-bf16 {start} + --num-layers-at-end-in-bf16 {end} must be >= 0 "

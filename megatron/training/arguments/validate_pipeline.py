@@ -17,35 +17,10 @@ from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
 from megatron.training.arguments.reporting import warn_rank_0
 
 
-def _given_once(args, problems: list) -> bool:
-    """At most one way of asking for virtual stages / a layout, with positive counts."""
-    given = [flag for flag, value in (
-        ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
-        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
-        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout),
-    ) if value is not None]
-    if len(given) > 1:
-        problems.append(f"give at most one of {', '.join(given)}")
-        return False
-    for flag, value in (("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
-                        ("--num-virtual-stages-per-pipeline-rank", args.num_virtual_stages_per_pipeline_rank),
-                        ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers),
-                        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers)):
-        if value is not None and value < 1:
-            problems.append(f"{flag} {value} must be positive")
-            return False
-    return True
-
-
 def _virtual_stages(args, num_layers: int | None, problems: list) -> int | None:
     """Virtual stages per pipeline rank from the flags (None: one, no interleaving)."""
     pp, per_virtual_stage = args.pipeline_model_parallel_size, args.num_layers_per_virtual_pipeline_stage
-    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
     if per_virtual_stage is not None:
-        if uneven:
-            problems.append("with --decoder-first/last-pipeline-num-layers give the virtual stages as "
-                            "--num-virtual-stages-per-pipeline-rank")
-            return None
         if num_layers is None:
             return None
         counted = num_layers + args.account_for_embedding_in_pipeline_split + args.account_for_loss_in_pipeline_split
@@ -75,10 +50,10 @@ def _check_split(args, num_layers: int, virtual_stages: int | None, problems: li
                         f"{args.pipeline_model_parallel_size}: {error}")
 
 
-def _check_interleaved_microbatches(args, problems: list) -> None:
+def _check_interleaved_microbatches(args, group: int, problems: list) -> None:
     """The interleaved schedule's group rule, for the full global batch (ramp-up steps are checked when
     they run)."""
-    pp, group = args.pipeline_model_parallel_size, args.microbatch_group_size_per_vp_stage
+    pp = args.pipeline_model_parallel_size
     if not (args.micro_batch_size and args.data_parallel_size):
         return  # reported elsewhere
     global_batch = args.global_batch_size or args.micro_batch_size * args.data_parallel_size
@@ -94,13 +69,11 @@ def _check_interleaved_microbatches(args, problems: list) -> None:
                         f"--pipeline-model-parallel-size {pp}, got {microbatches % group}")
 
 
-def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
-    """Checks the layer split over pipeline stages; sets virtual_pipeline_model_parallel_size and the
-    interleaved schedule's defaults."""
+def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> dict:
+    """virtual_pipeline_model_parallel_size and the interleaved schedule's defaults, from flags that passed
+    `DistributedConfig.pipeline_flag_problems`; the layer split and the schedule's microbatch groups are
+    checked here, where the stages are known."""
     pp = args.pipeline_model_parallel_size
-    args.virtual_pipeline_model_parallel_size = None
-    if pp < 1 or not _given_once(args, problems):
-        return
     num_layers = args.num_layers if args.num_layers is not None else args.decoder_num_layers
     virtual_stages = _virtual_stages(args, num_layers, problems)
     if virtual_stages == 1:
@@ -108,20 +81,19 @@ def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> None:
     if virtual_stages is not None and pp == 1:
         problems.append("virtual pipeline stages (--num-layers-per-virtual-pipeline-stage / "
                         "--num-virtual-stages-per-pipeline-rank) need --pipeline-model-parallel-size > 1")
-        return
+        return {"virtual_pipeline_model_parallel_size": None}
     if num_layers is not None and args.pipeline_model_parallel_layout is None:
         _check_split(args, num_layers, virtual_stages, problems)
-    args.virtual_pipeline_model_parallel_size = virtual_stages
-
     if virtual_stages is None:
-        args.overlap_p2p_comm = False
-        args.align_param_gather = False
-        return
+        return {"virtual_pipeline_model_parallel_size": None, "overlap_p2p_comm": False, "align_param_gather": False}
+    values = {"virtual_pipeline_model_parallel_size": virtual_stages}
     if args.microbatch_group_size_per_vp_stage is None:
-        args.microbatch_group_size_per_vp_stage = pp
-    _check_interleaved_microbatches(args, problems)
+        values["microbatch_group_size_per_vp_stage"] = pp
+    _check_interleaved_microbatches(args, values.get("microbatch_group_size_per_vp_stage",
+                                                     args.microbatch_group_size_per_vp_stage), problems)
     if args.overlap_p2p_comm:
         # Megatron overlaps these transfers by default; the schedule is the same without it, only slower.
         warn_rank_0("pipeline send/receive is not overlapped with compute yet: the interleaved schedule runs as "
                     "with --no-overlap-p2p-communication")
-        args.overlap_p2p_comm = False
+        values["overlap_p2p_comm"] = False
+    return values

@@ -1,14 +1,18 @@
 """The arguments saved in a checkpoint: checking them against this run, and `--use-checkpoint-args`."""
 
+import os
+
 # --use-checkpoint-args runs before torch.distributed is initialised: rank 0 is told by the RANK variable.
 from megatron.training.arguments.reporting import print_rank_0
 from megatron.training.checkpoint.reading import load_base_checkpoint
 from megatron.training.global_vars import get_args
 
-_RESHARD_HINT = (
-    "a torch-format checkpoint cannot be loaded under a different {} size yet - reshard it with "
-    "tools/checkpoint/convert.py when that lands"
-)
+# The layout sizes a torch-format checkpoint is tied to, with the convert.py flag that reshards each.
+_RESHARD_FLAGS = {
+    "tensor_model_parallel_size": "--target-tensor-parallel-size",
+    "pipeline_model_parallel_size": "--target-pipeline-parallel-size",
+    "expert_model_parallel_size": "--target-expert-parallel-size",
+}
 
 # --use-checkpoint-args copies these from the checkpoint (Megatron's list, for the flags this project has).
 # Copied only when this run leaves them unset (None):
@@ -60,14 +64,43 @@ def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, ch
         sizes += [(name, short_name, name) for name, short_name in (
             ("pipeline_model_parallel_size", "PP"), ("expert_model_parallel_size", "EP"),
             ("expert_tensor_parallel_size", "expert TP"))]
+    resharded = []
     for name, short_name, saved_name in sizes:
         saved, current = getattr(checkpoint_args, saved_name, None), getattr(args, name, None)
         if None not in (saved, current) and saved != current:
-            mismatches.append(f"{name}: checkpoint {saved}, this run {current}; {_RESHARD_HINT.format(short_name)}")
+            mismatches.append(f"{name}: checkpoint {saved}, this run {current} ({short_name})")
+            resharded.append(name)
+    if resharded:
+        mismatches.append(_reshard_hint(args, checkpoint_args, resharded))
     if mismatches:
         raise ValueError(
             f"{checkpoint_name} does not match this run's arguments:\n  - " + "\n  - ".join(mismatches)
         )
+
+
+def _follows_tp(namespace) -> bool:
+    return getattr(namespace, "expert_tensor_parallel_size", None) == getattr(namespace, "tensor_model_parallel_size", 0)
+
+
+def _reshard_hint(args, checkpoint_args, names: list) -> str:
+    """The convert.py command that reshards the checkpoint under --load to this run's layout."""
+    if _follows_tp(args) and _follows_tp(checkpoint_args):
+        # The expert TP size follows the TP size on both sides (the default, any dense model): resharding TP
+        # does both.
+        names = [name for name in names if name != "expert_tensor_parallel_size"]
+    if any(name not in _RESHARD_FLAGS for name in names):
+        return ("a torch-format checkpoint is tied to its parallel layout and tools/checkpoint/convert.py cannot "
+                "change the expert tensor-parallel size yet: run with the checkpoint's")
+    load = os.path.normpath(args.load) if getattr(args, "load", None) else "CHECKPOINT_DIR"
+    suffix = "-".join(f"{short}{getattr(args, name)}" for name, short in (
+        ("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
+        ("expert_model_parallel_size", "ep")) if name in names)
+    targets = " ".join(f"{_RESHARD_FLAGS[name]} {getattr(args, name)}" for name in names)
+    step = f" --ckpt-step {args.ckpt_step}" if getattr(args, "ckpt_step", None) is not None else ""
+    return (f"a torch-format checkpoint is tied to its parallel layout; reshard it with: python "
+            f"tools/checkpoint/convert.py --model-type GPT --loader core --saver core --load-dir {load}{step} "
+            f"--save-dir {load}-{suffix} {targets}, then --load {load}-{suffix} (convert.py copies the weights only: "
+            "add --no-load-optim --no-load-rng)")
 
 
 def load_args_from_checkpoint(args, load_arg="load"):

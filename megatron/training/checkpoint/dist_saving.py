@@ -34,6 +34,7 @@ from megatron.core.dist_checkpointing.model_sharding import is_expert_key, model
 from megatron.core.dist_checkpointing.optimizer_sharding import FULLY_RESHARDABLE, optimizer_checkpoint_entry
 from megatron.core.dist_checkpointing.serialization import split_state_dict
 from megatron.training.checkpoint.files import write_text_atomically
+from megatron.training.checkpoint.save_failures import explain_save_failure
 from megatron.training.checkpoint.layout import get_checkpoint_name, get_checkpoint_tracker_filename
 from megatron.training.checkpoint.state_dict import CHECKPOINT_VERSION, model_chunks, model_state_key
 from megatron.training.console import print_rank_0
@@ -139,7 +140,8 @@ def save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_schedul
                                                num_floating_point_operations_so_far)
     if args.ckpt_fully_parallel_save:
         _spread_writes(state_dict)
-    request = save(state_dict, checkpoint_dir, async_sharded_save=bool(args.async_save))
+    with explain_save_failure(save_dir, iteration, checkpoint_dir):
+        request = save(state_dict, checkpoint_dir, async_sharded_save=bool(args.async_save))
 
     def make_latest():
         if dist.is_initialized():

@@ -10,6 +10,8 @@ What is restored:
                                   model only, iteration 0, counters left at 0
 """
 
+import os
+
 import torch.distributed as dist
 
 from megatron.core.dist_checkpointing import is_distributed_checkpoint
@@ -23,6 +25,7 @@ from megatron.training.checkpoint.rng import set_rng_state
 from megatron.training.checkpoint.state_dict import load_model_state
 from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args
+from megatron.training.run_summary import record_loaded_checkpoint
 from megatron.training.train_state import TrainState, checkpoint_iteration
 
 # Checkpoints before 2.0 stored the fused QKV rows as [3, np, hn] (version 0) or [np, hn, 3] (1.0) instead of
@@ -136,4 +139,7 @@ def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load
     if dist.is_initialized():
         dist.barrier()
     print_rank_0(f"  successfully loaded checkpoint from {load_dir} {model_parallel_position()} at iteration {iteration}")
+    directory = checkpoint_name if sharded else os.path.dirname(os.path.dirname(checkpoint_name))
+    record_loaded_checkpoint(directory, iteration, state.consumed_train_samples,
+                             weights_only=release or args.finetune)
     return state

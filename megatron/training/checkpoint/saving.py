@@ -12,6 +12,7 @@ Each file is written under a temporary name and renamed (files.py), so a crash a
 previous checkpoint as "latest" and never a half-written file under a final name.
 """
 
+import os
 from datetime import datetime
 
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from megatron.training.checkpoint.layout import (
     writes_checkpoint_file,
 )
 from megatron.training.checkpoint.rng import get_rng_state
+from megatron.training.checkpoint.save_failures import explain_save_failure
 from megatron.training.checkpoint.state_dict import generate_state_dict
 from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args
@@ -95,14 +97,9 @@ def save_checkpoint(
         state_dict = generate_state_dict(args, model, optimizer, opt_param_scheduler, rng_state, iteration=iteration)
         state_dict["num_floating_point_operations_so_far"] = num_floating_point_operations_so_far
         ensure_directory_exists(checkpoint_name)
-        try:
+        # Disk full, quota, I/O error, Ctrl-C: nothing was renamed into place and the tracker was not touched.
+        with explain_save_failure(args.save, iteration, os.path.dirname(os.path.dirname(checkpoint_name))):
             save_atomically(state_dict, checkpoint_name)
-        except OSError as error:
-            # Disk full, quota, I/O error: nothing was renamed into place and the tracker was not touched.
-            raise OSError(
-                error.errno, f"saving checkpoint iteration {iteration} to {checkpoint_name} failed ({error}); "
-                f"the previous checkpoint named by {get_checkpoint_tracker_filename(args.save)} is intact"
-            ) from error
     if args.use_distributed_optimizer and optimizer is not None and not args.no_save_optim:
         save_distributed_optimizer_state(optimizer, checkpoint_name)
 

@@ -21,6 +21,8 @@ import importlib
 import queue
 import threading
 
+from megatron.training.errors import ArgumentParser
+
 _PACKAGE = "megatron.training.checkpoint_conversion"
 _OLD_NAMES = {"megatron": "core", "mcore": "core", "legacy": "core"}
 _POLL_SECONDS = 0.1
@@ -75,7 +77,7 @@ class MessageQueue:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Megatron checkpoint converter: reshard torch-format checkpoints (TP/PP, vocabulary padding) "
                     "and convert to / from Hugging Face. Model weights only: optimizer, scheduler and RNG state "
                     "(and distrib_optim.pt) are not converted, so resume with --no-load-optim --no-load-rng.",
@@ -94,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    known, _ = parser.parse_known_args(argv)
+    # The plugins add their own flags, so --loader/--saver are read first (and --help works without the
+    # required flags).
+    plugins = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    plugins.add_argument("--loader", default="core")
+    plugins.add_argument("--saver", default="core")
+    known, _ = plugins.parse_known_args(argv)
     loader, saver = load_plugin("loader", known.loader), load_plugin("saver", known.saver)
     loader.add_arguments(parser)
     saver.add_arguments(parser)

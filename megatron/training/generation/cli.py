@@ -14,12 +14,13 @@ import sys
 import torch
 
 from megatron.core.inference import SamplingParams, generate
+from megatron.training.errors import ArgumentParser, report_user_error
 from megatron.training.generation.checkpoint_model import load_model_for_inference
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags; Megatron's spellings (`--top_k`, `--out-seq-length`, ...) are accepted as aliases."""
-    parser = argparse.ArgumentParser(description="Generate text from a Megatron checkpoint (TP=1, PP=1).")
+    parser = ArgumentParser(description="Generate text from a Megatron checkpoint (TP=1, PP=1).")
     source = parser.add_argument_group("checkpoint")
     source.add_argument("--load", required=True, help="checkpoint directory (the --save of the training run)")
     source.add_argument("--ckpt-step", type=int, default=None,
@@ -71,8 +72,9 @@ def main(argv=None, stdin=None) -> int:
                            "tokenizer_model": args.tokenizer_model}
         with contextlib.redirect_stdout(sys.stderr):
             model, tokenizer, _ = load_model_for_inference(args.load, args.ckpt_step, tokenizer_files, args.device)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:
+        if not report_user_error(error):
+            raise
         return 1
 
     device = next(model.parameters()).device

@@ -95,8 +95,9 @@ def test_tiny_gpt_trains_with_bf16_moments_like_with_fp32_moments(single_rank): 
 def test_distributed_optimizer_steps_bf16_moments_in_the_triton_kernel_like_the_reference():
     """On a GPU the distributed optimizer's step is the Triton kernel (fusions/fused_adamw.py) with bf16 moments.
     Each step, from the optimizer's own state, the reference step on the same gradients gives the same fp32 main
-    params (within fp32 rounding) and the same bf16 moments (both round to nearest even; at least 99% bit for
-    bit, as in test_fused_adamw.py); the model params are the main params rounded."""
+    params (within fp32 rounding) and the same bf16 moments (both round to nearest even: each within one bf16
+    ulp, at least 99% of all of them bit for bit, as in test_fused_adamw.py; fma contraction in the kernel moves
+    a few); the model params are the main params rounded."""
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel()
@@ -110,6 +111,7 @@ def test_distributed_optimizer_steps_bf16_moments_in_the_triton_kernel_like_the_
         optimizer = get_megatron_optimizer(config, [ddp])
         masters = [torch.zeros(param.numel(), device="cuda") for param in model.parameters()]
         reference = torch.optim.AdamW(masters, lr=config.lr, weight_decay=0.0)
+        equal = total = 0
         for step in range(3):
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
@@ -131,8 +133,12 @@ def test_distributed_optimizer_steps_bf16_moments_in_the_triton_kernel_like_the_
                 assert torch.equal(param.detach().view(-1), tensors["param"].bfloat16())
                 for key in ("exp_avg", "exp_avg_sq"):
                     kept, expected = tensors[key], reference.state[master][key]
-                    assert kept.dtype == expected.dtype == BF16 and (kept == expected).float().mean() >= 0.99
+                    assert kept.dtype == expected.dtype == BF16
+                    torch.testing.assert_close(kept.float(), expected.float(), rtol=2**-7, atol=0)  # one bf16 ulp
+                    equal += int((kept == expected).sum())
+                    total += kept.numel()
         assert optimizer._fused()
+        assert equal >= 0.99 * total, f"{equal} of {total} moments bit for bit"
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()

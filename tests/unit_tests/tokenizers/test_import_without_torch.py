@@ -33,11 +33,12 @@ print(json.dumps({"attempts": attempts, "modules": sorted(sys.modules)}))
 """
 
 # What each package may load of megatron besides itself: the tokenizers nothing; the preprocessing engine
-# the tokenizers and the .bin/.idx writer.
+# the tokenizers, the .bin/.idx writer and the tokenizer record written next to it.
 ALLOWED = {
     "megatron.core.tokenizers": {"megatron", "megatron.core"},
     "megatron.preprocessing": {"megatron", "megatron.core", "megatron.core.tokenizers", "megatron.core.datasets",
-                               "megatron.core.datasets.indexed_dataset"},
+                               "megatron.core.datasets.indexed_dataset", "megatron.core.datasets.tokenizer_record",
+                               "megatron.core.atomic_write"},
 }
 
 

@@ -32,10 +32,10 @@ def test_every_problem_is_reported_at_once_with_the_numbers():
         )
     message = str(error.value)
     assert "5 problem(s)" in message
-    assert "num_attention_heads (12) must be a multiple of tensor_model_parallel_size (5)" in message
+    assert "num_attention_heads (12) must be divisible by tensor_model_parallel_size (5)" in message
     assert "1, 2, 3, 4, 6, 12" in message
     assert "num_query_groups (5) must divide num_attention_heads (12)" in message
-    assert "ffn_hidden_size (102) must be a multiple of tensor_model_parallel_size (5)" in message
+    assert "ffn_hidden_size (102) must be divisible by tensor_model_parallel_size (5)" in message
     assert "num_layers (6) must be divisible by pipeline_model_parallel_size (4)" in message
     assert "pipeline_dtype" in message
 
@@ -43,8 +43,8 @@ def test_every_problem_is_reported_at_once_with_the_numbers():
 def test_query_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them():
     TransformerConfig(**BASE, num_query_groups=2, tensor_model_parallel_size=4)  # 2 ranks share each group
     TransformerConfig(**BASE, num_query_groups=4, tensor_model_parallel_size=2)  # 2 groups per rank
-    expected = (r"num_query_groups \(4\) must be a multiple of tensor_model_parallel_size \(6\) .* or divide it .*"
-                r"TP sizes for 4 groups of 12 heads: 1, 2, 4, 12")
+    expected = (r"num_query_groups \(4\) must be a multiple or a divisor of tensor_model_parallel_size \(6\); "
+                r"valid TP sizes: 1, 2, 4, 12")
     with pytest.raises(ValueError, match=expected):
         TransformerConfig(num_layers=2, hidden_size=96, num_attention_heads=12, num_query_groups=4,
                           tensor_model_parallel_size=6)
@@ -53,10 +53,12 @@ def test_query_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them
 @pytest.mark.parametrize(
     "settings, expected",
     [
-        (dict(recompute_granularity="full"), "needs recompute_method 'uniform' or 'block'"),
-        (dict(recompute_granularity="full", recompute_method="uniform"), "recompute_num_layers between 1 and"),
-        (dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=5), "got 5"),
-        (dict(recompute_granularity="selective", recompute_num_layers=1), "needs recompute_num_layers=None"),
+        (dict(recompute_granularity="full"), r"recompute_granularity \(full\) needs recompute_method uniform or block"),
+        (dict(recompute_granularity="full", recompute_method="uniform"), "needs recompute_num_layers"),
+        (dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=5),
+         r"recompute_num_layers \(5\) must be between 1 and the 4 layers per pipeline stage"),
+        (dict(recompute_granularity="selective", recompute_num_layers=1),
+         r"recompute_num_layers applies to recompute_granularity \(full\) only"),
         (dict(recompute_granularity="partial"), "must be 'full' or 'selective'"),
         (
             dict(recompute_granularity="full", recompute_method="random", recompute_num_layers=1),

@@ -39,12 +39,26 @@ def test_refusals(flags, expected, problems, cuda_present):
     assert expected in problems(*MINIMAL, "--bf16", "--attention-dropout", "0", *flags)
 
 
-def test_several_processes_are_refused(validated, cuda_present):
-    args = validated(*MINIMAL, "--attention-dropout", "0")
-    args.cuda_graph_impl, args.world_size = "full_iteration", 2
+@pytest.mark.parametrize("sizes, expected", [
+    ({"world_size": 2}, ["data-parallel size 2 (world size 2)"]),
+    ({"world_size": 2, "tensor_model_parallel_size": 2}, []),
+    ({"world_size": 2, "tensor_model_parallel_size": 2, "hidden_dropout": 0.1},
+     ["--hidden-dropout 0.1 at --tensor-model-parallel-size 2"]),
+    ({"world_size": 2, "tensor_model_parallel_size": 2, "tp_comm_overlap": True}, ["--tp-comm-overlap"]),
+    ({"world_size": 2, "pipeline_model_parallel_size": 2}, ["--pipeline-model-parallel-size 2"]),
+    ({"world_size": 2, "context_parallel_size": 2}, ["--context-parallel-size 2"]),
+])
+def test_tensor_parallelism_alone_is_replayed(sizes, expected, validated, cuda_present):
+    """Tensor-parallel collectives are replayed from the graph; every other kind of parallelism is refused."""
+    args = validated(*MINIMAL, "--attention-dropout", "0", "--hidden-dropout", "0")
+    args.cuda_graph_impl = "full_iteration"
+    for key, value in sizes.items():
+        setattr(args, key, value)
     found = []
     check_cuda_graph(args, found)
-    assert found == ["--cuda-graph-impl full_iteration is not supported yet with world size 2"]
+    assert len(found) == len(expected) and all(
+        problem.startswith(f"--cuda-graph-impl full_iteration is not supported yet with {reason}")
+        for problem, reason in zip(found, expected)), found
 
 
 def test_needs_a_gpu(problems, monkeypatch):

@@ -34,16 +34,19 @@ def test_every_mismatch_is_listed_in_one_error():
     saved = _run_args(num_layers=4, hidden_size=64, num_attention_heads=4, tensor_model_parallel_size=1,
                       pipeline_model_parallel_size=2)
     with pytest.raises(ValueError) as error:
-        check_checkpoint_args(saved, _run_args(tensor_model_parallel_size=2), checkpoint_name="ckpt/iter_0000010")
+        check_checkpoint_args(saved, _run_args(tensor_model_parallel_size=2, load="ckpt"),
+                              checkpoint_name="ckpt/iter_0000010")
     lines = str(error.value).splitlines()
     assert lines[0] == "ckpt/iter_0000010 does not match this run's arguments:"
     assert lines[1:] == [
         "  - num_layers: checkpoint 4, this run 2",
         "  - hidden_size: checkpoint 64, this run 32",
-        "  - tensor_model_parallel_size: checkpoint 1, this run 2; a torch-format checkpoint cannot be loaded under "
-        "a different TP size yet - reshard it with tools/checkpoint/convert.py when that lands",
-        "  - pipeline_model_parallel_size: checkpoint 2, this run 1; a torch-format checkpoint cannot be loaded "
-        "under a different PP size yet - reshard it with tools/checkpoint/convert.py when that lands",
+        "  - tensor_model_parallel_size: checkpoint 1, this run 2 (TP)",
+        "  - pipeline_model_parallel_size: checkpoint 2, this run 1 (PP)",
+        "  - a torch-format checkpoint is tied to its parallel layout; reshard it with: python "
+        "tools/checkpoint/convert.py --model-type GPT --loader core --saver core --load-dir ckpt --save-dir "
+        "ckpt-tp2-pp1 --target-tensor-parallel-size 2 --target-pipeline-parallel-size 1, then --load ckpt-tp2-pp1 "
+        "(convert.py copies the weights only: add --no-load-optim --no-load-rng)",
     ]
 
 

@@ -1,0 +1,96 @@
+"""Rules of `TransformerConfig` that the training command line checks too, written once.
+
+`TransformerConfig.__post_init__` names a setting by its field, `num_attention_heads (12)`; the argument
+validation of megatron/training runs the same functions before any config exists and names it by its flag,
+`--num-attention-heads 12`, through the `name` argument:
+
+    name(field)         -> how the message names the setting
+    name(field, value)  -> the same, with the value it has
+"""
+
+from typing import Callable
+
+from megatron.core.model_parallel_config import divisors, legal_sizes
+
+SettingName = Callable[..., str]
+
+
+def field_setting(field: str, *value) -> str:
+    """A setting named as a config field: `num_layers`, or with its value `num_layers (6)`."""
+    return f"{field} ({value[0]})" if value else field
+
+
+def tensor_parallel_sizes_for_attention(num_attention_heads: int, num_query_groups: int) -> list[int]:
+    """The TP sizes p that split `num_attention_heads` query heads in `num_query_groups` key/value groups:
+    p divides the heads, and either divides the groups (whole groups per rank) or is a multiple of them
+    (p / ng ranks share one key/value head)."""
+    return [
+        size
+        for size in divisors(num_attention_heads)
+        if num_query_groups % size == 0 or size % num_query_groups == 0
+    ]
+
+
+def tensor_parallel_split_problems(
+    num_attention_heads: int,
+    num_query_groups: int | None,
+    ffn_hidden_size: int,
+    tensor_model_parallel_size: int,
+    name: SettingName = field_setting,
+) -> list[str]:
+    """A layer split over TP ranks: each rank holds heads / TP query heads, whole key/value groups (or
+    TP / groups ranks share one), and ffn / TP columns of the MLP. `num_query_groups` None is one group per
+    head. Lists the legal TP sizes."""
+    heads, tp = num_attention_heads, tensor_model_parallel_size
+    groups = heads if num_query_groups is None else num_query_groups
+    problems = []
+    if tp < 1:
+        return problems  # reported with the parallel layout
+    if heads % tp:
+        problems.append(f"{name('num_attention_heads', heads)} must be divisible by "
+                        f"{name('tensor_model_parallel_size', tp)}; valid TP sizes: {legal_sizes(heads)}")
+    if groups < 1 or heads % groups:
+        problems.append(f"{name('num_query_groups', groups)} must divide {name('num_attention_heads', heads)}; "
+                        f"valid: {legal_sizes(heads)}")
+    elif groups % tp and tp % groups and groups != heads:  # groups == heads: reported as a heads problem
+        legal = ", ".join(map(str, tensor_parallel_sizes_for_attention(heads, groups)))
+        problems.append(f"{name('num_query_groups', groups)} must be a multiple or a divisor of "
+                        f"{name('tensor_model_parallel_size', tp)}; valid TP sizes: {legal} (each TP rank holds "
+                        "whole key/value heads, or several ranks share one)")
+    if ffn_hidden_size % tp:
+        legal = ", ".join(str(size) for size in divisors(heads) if ffn_hidden_size % size == 0)
+        problems.append(f"{name('ffn_hidden_size', ffn_hidden_size)} must be divisible by "
+                        f"{name('tensor_model_parallel_size', tp)}; valid TP sizes (dividing it and the heads): "
+                        f"{legal}")
+    return problems
+
+
+def recompute_layer_problems(
+    recompute_granularity: str | None,
+    recompute_method: str | None,
+    recompute_num_layers: int | None,
+    num_layers: int | None,
+    pipeline_model_parallel_size: int,
+    name: SettingName = field_setting,
+) -> list[str]:
+    """Full recompute needs a method and 1 <= recompute_num_layers <= layers per pipeline stage
+    (num_layers / PP; not checked while num_layers is unknown); selective recompute takes no layer count."""
+    layers = recompute_num_layers
+    problems = []
+    if recompute_granularity == "full":
+        full = name("recompute_granularity", "full")
+        if recompute_method is None:
+            problems.append(f"{full} needs {name('recompute_method')} uniform or block")
+        if layers is None:
+            problems.append(f"{full} needs {name('recompute_num_layers')}")
+        elif num_layers is not None:
+            pp = pipeline_model_parallel_size
+            per_stage = num_layers // max(pp, 1)
+            if not 1 <= layers <= max(per_stage, 1):
+                problems.append(f"{name('recompute_num_layers', layers)} must be between 1 and the {per_stage} "
+                                f"layers per pipeline stage (= {name('num_layers', num_layers)} / "
+                                f"{name('pipeline_model_parallel_size', pp)})")
+    elif recompute_granularity == "selective" and layers is not None:
+        problems.append(f"{name('recompute_num_layers')} applies to {name('recompute_granularity', 'full')} only, "
+                        "not selective")
+    return problems

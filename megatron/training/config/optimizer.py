@@ -1,0 +1,173 @@
+"""Optimizer, regularisation and learning-rate schedule flags.
+
+The schedule counts samples, not iterations: iteration-valued flags are multiplied by the global batch
+size when the scheduler is built (as Megatron-LM's `OptimizerParamScheduler`, which steps in samples).
+"""
+
+from dataclasses import dataclass
+
+from megatron.training.config.fields import Section, flag
+
+_STATE_DTYPE_FLAGS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+@dataclass(kw_only=True)
+class OptimizerChoiceConfig(Section):
+    """Which optimizer, and the precision its state is kept in."""
+
+    TITLE = "optimizer"
+
+    optimizer: str = flag("adam", choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"))
+    """adam is AdamW (decoupled weight decay); sgd uses --sgd-momentum."""
+
+    use_precision_aware_optimizer: bool = False
+    """Let the optimizer keep state in lower precision (Adam and --use-distributed-optimizer only); what is
+    built: --exp-avg-dtype / --exp-avg-sq-dtype bf16."""
+
+    main_grads_dtype: str = flag("fp32", choices=("fp32", "bf16"))
+    """dtype of the main gradients with --use-precision-aware-optimizer (fp32 only so far)."""
+
+    main_params_dtype: str = flag("fp32", choices=("fp32", "fp16"))
+    """dtype of the main params with --use-precision-aware-optimizer (fp32 only so far)."""
+
+    exp_avg_dtype: str = flag("fp32", choices=("fp32", "fp16", "bf16", "fp8"))
+    """dtype Adam's first moment is stored in with --use-precision-aware-optimizer (fp32 or bf16 so far); the
+    update itself computes in fp32."""
+
+    exp_avg_sq_dtype: str = flag("fp32", choices=("fp32", "fp16", "bf16", "fp8"))
+    """dtype Adam's second moment is stored in with --use-precision-aware-optimizer (fp32 or bf16 so far); the
+    update itself computes in fp32."""
+
+    def derived(self) -> dict:
+        """The four state dtype flags as torch dtypes, as Megatron-LM's validation makes them."""
+        # Imported here: the optimizer package loads the model code, which parsing alone does not need.
+        from megatron.core.optimizer.optimizer_config import DTYPE_OF_NAME
+
+        return {name: DTYPE_OF_NAME.get(getattr(self, name), getattr(self, name)) for name in _STATE_DTYPE_FLAGS}
+
+
+@dataclass(kw_only=True)
+class RegularizationConfig(Section):
+    """Dropout, weight decay, gradient clipping and the optimizers' own constants."""
+
+    TITLE = "regularization"
+
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities."""
+
+    hidden_dropout: float = 0.1
+    """Dropout on hidden states."""
+
+    weight_decay: float = 0.01
+    """Weight decay (biases and 1-D parameters get none)."""
+
+    start_weight_decay: float | None = None
+    """Initial weight decay with a non-constant --weight-decay-incr-style."""
+
+    end_weight_decay: float | None = None
+    """Final weight decay with a non-constant --weight-decay-incr-style."""
+
+    weight_decay_incr_style: str = flag("constant", choices=("constant", "linear", "cosine"))
+    """How weight decay moves from --start-weight-decay to --end-weight-decay."""
+
+    clip_grad: float = 1.0
+    """Clip gradients to this global L2 norm."""
+
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+
+    sgd_momentum: float = 0.9
+    """SGD momentum."""
+
+    def derived(self) -> dict:
+        """With the constant style, the weight-decay ramp starts and ends at --weight-decay."""
+        if self.weight_decay_incr_style == "constant":
+            return {"start_weight_decay": self.weight_decay, "end_weight_decay": self.weight_decay}
+        return {}
+
+    def validate(self) -> list[str]:
+        if self.weight_decay_incr_style == "constant":
+            if {self.start_weight_decay, self.end_weight_decay} - {None, self.weight_decay}:
+                return ["--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine; "
+                        "with constant use --weight-decay"]
+        elif self.start_weight_decay is None or self.end_weight_decay is None:
+            return [f"--weight-decay-incr-style {self.weight_decay_incr_style} needs --start-weight-decay and "
+                    f"--end-weight-decay"]
+        return []
+
+
+@dataclass(kw_only=True)
+class LearningRateConfig(Section):
+    """The learning-rate schedule: warmup, decay and its floor."""
+
+    TITLE = "learning rate"
+
+    lr: float | None = None
+    """Peak learning rate."""
+
+    lr_decay_style: str = flag("linear", choices=("constant", "linear", "cosine", "inverse-square-root", "WSD"))
+    """Learning-rate decay after warmup."""
+
+    lr_wsd_decay_style: str = flag("exponential", choices=("exponential", "linear", "cosine", "minus_sqrt"))
+    """Anneal shape of the WSD schedule."""
+
+    lr_decay_iters: int | None = None
+    """Iterations to decay over (default --train-iters)."""
+
+    lr_decay_samples: int | None = None
+    """Samples to decay over (default --train-samples)."""
+
+    lr_wsd_decay_iters: int | None = None
+    """Length of the WSD anneal, iterations."""
+
+    lr_wsd_decay_samples: int | None = None
+    """Length of the WSD anneal, samples."""
+
+    lr_warmup_fraction: float | None = None
+    """Warmup as a fraction of the decay steps; exclusive with --lr-warmup-iters/-samples."""
+
+    lr_warmup_iters: int = 0
+    """Linear warmup length, iterations."""
+
+    lr_warmup_samples: int = 0
+    """Linear warmup length, samples."""
+
+    lr_warmup_init: float = 0.0
+    """Learning rate at the start of warmup."""
+
+    min_lr: float = 0.0
+    """Floor of the decayed learning rate."""
+
+    override_opt_param_scheduler: bool = flag(
+        False, names=("--override-opt_param-scheduler", "--override-opt-param-scheduler"))
+    """Take the schedule from these flags and ignore the one in the checkpoint."""
+
+    use_checkpoint_opt_param_scheduler: bool = flag(
+        False, names=("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"))
+    """Take the schedule from the checkpoint and ignore these flags."""
+
+    decoupled_lr: float | None = None
+    """Separate learning rate for the embedding and output layer."""
+
+    decoupled_min_lr: float | None = None
+    """Minimum learning rate for the embedding and output layer."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.lr is not None and self.lr < 0:
+            problems.append(f"--lr {self.lr} must be >= 0 (the optimizer steps against the gradient by --lr)")
+        elif self.lr is not None and self.min_lr > self.lr:
+            problems.append(f"--min-lr {self.min_lr} must be <= --lr {self.lr}")
+        if self.min_lr < 0:
+            problems.append(f"--min-lr {self.min_lr} must be >= 0")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
+            problems.append(f"--lr-warmup-fraction {self.lr_warmup_fraction} must be in [0, 1]")
+        if self.lr_decay_style == "WSD" and self.lr_wsd_decay_iters is None and self.lr_wsd_decay_samples is None:
+            problems.append("--lr-decay-style WSD needs --lr-wsd-decay-iters (or --lr-wsd-decay-samples)")
+        return problems

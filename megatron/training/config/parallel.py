@@ -1,0 +1,228 @@
+"""Parallelism and distributed-runtime flags.
+
+The dense ranks factor as world = TP x CP x DP x PP (rank order `tp-cp-ep-dp-pp`, TP fastest). DP is never
+given: validation derives it as world / (TP x PP x CP).
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+from megatron.training.config.fields import Section, flag
+
+
+def _launcher_local_rank() -> int:
+    """LOCAL_RANK as torchrun sets it, read when the parser is built (0 without a launcher)."""
+    return int(os.getenv("LOCAL_RANK", "0"))
+
+
+@dataclass(kw_only=True)
+class DistributedConfig(Section):
+    """The parallel layout, data-parallel communication and the torch.distributed runtime."""
+
+    TITLE = "distributed"
+
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size (TP)."""
+
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel size (PP)."""
+
+    context_parallel_size: int = 1
+    """Context-parallel size (CP); the sequence length must be divisible by 2 x CP."""
+
+    cp_comm_type: list[str] = flag(default_factory=lambda: ["p2p"], nargs="+")
+    """Context-parallel communication: p2p, a2a, allgather or a2a+p2p (one per layer or one for all)."""
+
+    hierarchical_context_parallel_sizes: list[int] | None = flag(None, nargs="+")
+    """Context-parallel sizes per level for a2a+p2p."""
+
+    expert_model_parallel_size: int = 1
+    """Expert-parallel size (EP)."""
+
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel size inside experts (default: TP)."""
+
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    """Layers per virtual pipeline stage (interleaved schedule)."""
+
+    num_virtual_stages_per_pipeline_rank: int | None = None
+    """Virtual pipeline stages per pipeline rank (interleaved schedule)."""
+
+    pipeline_model_parallel_layout: str | None = None
+    """Explicit layer layout of the pipeline stages, e.g. "E|(t|)*3,m|m||L"."""
+
+    decoder_first_pipeline_num_layers: int | None = None
+    """Layers on the first pipeline stage (uneven split)."""
+
+    decoder_last_pipeline_num_layers: int | None = None
+    """Layers on the last pipeline stage (uneven split)."""
+
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the input embedding as one layer when splitting layers over stages."""
+
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss as one layer when splitting layers over stages."""
+
+    microbatch_group_size_per_vp_stage: int | None = flag(
+        None, names=("--microbatch-group-size-per-virtual-pipeline-stage",))
+    """Contiguous microbatches per virtual stage (default: PP)."""
+
+    overlap_p2p_comm: bool = flag(True, names=("--no-overlap-p2p-communication",))
+    """Do not overlap pipeline send/receive with compute (off without virtual stages)."""
+
+    scatter_gather_tensors_in_pipeline: bool = flag(True, names=("--no-scatter-gather-tensors-in-pipeline",))
+    """Send whole activations between stages instead of TP-scattered chunks."""
+
+    sequence_parallel: bool = False
+    """Shard norms and dropout over the sequence within the TP group (off when TP = 1)."""
+
+    tp_comm_overlap: bool = False
+    """Overlap tensor-parallel communication with GEMMs (needs --sequence-parallel)."""
+
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (ZeRO-1)."""
+
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduction with the backward pass."""
+
+    overlap_param_gather: bool = False
+    """Overlap the parameter all-gather with the forward pass (distributed optimizer)."""
+
+    align_grad_reduce: bool = flag(True, names=("--no-align-grad-reduce",))
+    """Let each pipeline stage launch its gradient reduction independently."""
+
+    align_param_gather: bool = flag(True, names=("--no-align-param-gather",))
+    """Let each pipeline stage launch its parameter all-gather independently."""
+
+    ddp_bucket_size: int | None = None
+    """Parameters per gradient bucket (default max(4e7, 1e6 x DP) when overlapping)."""
+
+    ddp_average_in_collective: bool = False
+    """Average gradients inside the collective instead of pre-scaling them."""
+
+    use_torch_fsdp2: bool = False
+    """Shard parameters with PyTorch FSDP2."""
+
+    use_megatron_fsdp: bool = False
+    """Shard parameters with Megatron FSDP."""
+
+    gradient_accumulation_fusion: bool = flag(True, names=("--no-gradient-accumulation-fusion",))
+    """Do not fuse weight-gradient accumulation into the fp32 main_grad buffer."""
+
+    use_tp_pp_dp_mapping: bool = False
+    """Order ranks tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp."""
+
+    distributed_backend: str = flag("nccl", choices=("nccl", "gloo"))
+    """torch.distributed backend."""
+
+    distributed_timeout_minutes: int = 10
+    """Timeout of torch.distributed collectives."""
+
+    # torch.distributed.launch passes --local_rank; torchrun sets LOCAL_RANK.
+    local_rank: int = flag(default_factory=_launcher_local_rank, names=("--local-rank", "--local_rank"))
+    """Local rank from the launcher (default: LOCAL_RANK)."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        """TP x PP x CP: the ranks of one model replica."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+
+    def layout(self) -> str:
+        """'TP 4 x PP 1 x CP 1', for messages."""
+        return (f"TP {self.tensor_model_parallel_size} x PP {self.pipeline_model_parallel_size} "
+                f"x CP {self.context_parallel_size}")
+
+    def data_parallel_size(self, world_size: int) -> int | None:
+        """world size / (TP x PP x CP); None when the sizes are not positive or do not divide the world."""
+        if self.size_problems() or world_size % self.model_parallel_size:
+            return None
+        return world_size // self.model_parallel_size
+
+    @property
+    def effective_sequence_parallel(self) -> bool:
+        """Megatron turns sequence parallelism off at TP = 1, so that the numerics do not change."""
+        return self.sequence_parallel and self.tensor_model_parallel_size != 1
+
+    @property
+    def effective_expert_tensor_parallel_size(self) -> int:
+        """--expert-tensor-parallel-size, by default TP."""
+        if self.expert_tensor_parallel_size is None:
+            return self.tensor_model_parallel_size
+        return self.expert_tensor_parallel_size
+
+    def derived(self) -> dict:
+        return {"transformer_pipeline_model_parallel_size": self.pipeline_model_parallel_size,
+                "expert_tensor_parallel_size": self.effective_expert_tensor_parallel_size,
+                "sequence_parallel": self.effective_sequence_parallel}
+
+    def size_problems(self) -> list[str]:
+        return [f"{flag_name} {size} must be at least 1" for flag_name, size in (
+            ("--tensor-model-parallel-size", self.tensor_model_parallel_size),
+            ("--pipeline-model-parallel-size", self.pipeline_model_parallel_size),
+            ("--context-parallel-size", self.context_parallel_size),
+            ("--expert-model-parallel-size", self.expert_model_parallel_size),
+        ) if size < 1]
+
+    def pipeline_flag_problems(self) -> list[str]:
+        """At most one way of asking for virtual stages / a layout, with positive counts."""
+        given = [flag_name for flag_name, value in (
+            ("--num-layers-per-virtual-pipeline-stage", self.num_layers_per_virtual_pipeline_stage),
+            ("--num-virtual-stages-per-pipeline-rank", self.num_virtual_stages_per_pipeline_rank),
+            ("--pipeline-model-parallel-layout", self.pipeline_model_parallel_layout),
+        ) if value is not None]
+        if len(given) > 1:
+            return [f"give at most one of {', '.join(given)}"]
+        for flag_name, value in (
+                ("--num-layers-per-virtual-pipeline-stage", self.num_layers_per_virtual_pipeline_stage),
+                ("--num-virtual-stages-per-pipeline-rank", self.num_virtual_stages_per_pipeline_rank),
+                ("--decoder-first-pipeline-num-layers", self.decoder_first_pipeline_num_layers),
+                ("--decoder-last-pipeline-num-layers", self.decoder_last_pipeline_num_layers)):
+            if value is not None and value < 1:
+                return [f"{flag_name} {value} must be positive"]
+        uneven = self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
+        if self.num_layers_per_virtual_pipeline_stage is not None and uneven:
+            return ["with --decoder-first/last-pipeline-num-layers give the virtual stages as "
+                    "--num-virtual-stages-per-pipeline-rank"]
+        return []
+
+    def validate(self) -> list[str]:
+        problems = self.size_problems()
+        if self.pipeline_model_parallel_size >= 1:
+            problems += self.pipeline_flag_problems()
+        if self.tp_comm_overlap and not self.effective_sequence_parallel:
+            problems.append("--tp-comm-overlap needs --sequence-parallel (with --tensor-model-parallel-size > 1)")
+        if self.overlap_param_gather:
+            if not (self.use_distributed_optimizer or self.use_megatron_fsdp):
+                problems.append("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")
+            if not self.overlap_grad_reduce:
+                problems.append("--overlap-param-gather needs --overlap-grad-reduce")
+        if self.effective_expert_tensor_parallel_size < 1:
+            problems.append(f"--expert-tensor-parallel-size {self.effective_expert_tensor_parallel_size} must be at "
+                            "least 1")
+        return problems + self._context_parallel_problems()
+
+    def _context_parallel_problems(self) -> list[str]:
+        """--cp-comm-type and its hierarchical sizes (the per-layer count is checked with the model's layers)."""
+        problems = []
+        cp, hierarchical = self.context_parallel_size, self.hierarchical_context_parallel_sizes
+        if hierarchical and math.prod(hierarchical) != cp:
+            problems.append(f"--hierarchical-context-parallel-sizes {hierarchical} multiply to "
+                            f"{math.prod(hierarchical)}, not --context-parallel-size {cp}")
+        if "a2a+p2p" in self.cp_comm_type and not hierarchical:
+            problems.append("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
+        if cp == 1:
+            return problems
+        # Imported here: the context-parallel attention loads the model code, which parsing alone does not need.
+        from megatron.core.transformer.context_parallel.context_parallel_attention import (
+            CP_COMM_TYPES,
+            CP_COMM_TYPES_NOT_YET,
+            canonical_cp_comm_type,
+        )
+
+        for name in dict.fromkeys(self.cp_comm_type):
+            if canonical_cp_comm_type(name) in CP_COMM_TYPES_NOT_YET:
+                problems.append(f"--cp-comm-type {name} is not supported yet; use p2p (ring) or allgather")
+            elif canonical_cp_comm_type(name) not in CP_COMM_TYPES:
+                problems.append(f"--cp-comm-type {name} is not one of p2p, allgather, a2a, a2a+p2p")
+        return problems
