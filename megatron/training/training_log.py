@@ -10,14 +10,13 @@ from datetime import datetime
 
 import torch
 
-from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import get_current_running_global_batch_size, get_num_microbatches
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
+from megatron.training.batch_plan import StepBatch
 from megatron.training.console import print_rank_last
-from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
 from megatron.training.profiling import dump_memory_snapshot
 from megatron.training.progress import progress_bar
+from megatron.training.train_state import TrainState
 
 # Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -97,110 +96,123 @@ class _Interval:
                 self.losses[key] = self.losses.get(key, 0.0) + value.detach()
 
 
-_interval = _Interval()
+class TrainingLogger:
+    """The per-iteration scalars and the per-interval console line of one run.
 
+    `train_iters` is the run's length (the progress and time-remaining fields); `writer` / `wandb_writer` the
+    TensorBoard and W&B writers (None where there are none: every rank but the last)."""
 
-def training_log(
-    loss_dict: dict,
-    learning_rate: float,
-    iteration: int,
-    loss_scale,
-    skipped_iter: int,
-    grad_norm,
-    num_zeros_in_grad,
-    params_norm=None,
-    decoupled_learning_rate=None,
-) -> None:
-    """Accumulates this iteration and, every `--log-interval` iterations, prints the console line.
+    def __init__(self, args, timers, train_iters: int, data_parallel_rank: int, writer=None, wandb_writer=None):
+        self.args, self.timers, self.train_iters = args, timers, train_iters
+        self.data_parallel_rank = data_parallel_rank
+        self.writer, self.wandb_writer = writer, wandb_writer
+        self.interval = _Interval()
 
-    `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
-    converted only where written, so an iteration that logs nothing queues no host sync."""
-    args, timers = get_args(), get_timers()
-    writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
-    interval = _interval
-    if args.num_experts is not None:
-        loss_dict = {**loss_dict, **_moe_aux_losses(args)}
+    def log(self, state: TrainState, batch: StepBatch, loss_dict: dict, learning_rate: float, loss_scale,
+            skipped_iter, grad_norm, num_zeros_in_grad, params_norm=None, decoupled_learning_rate=None) -> None:
+        """Accumulates the iteration `state.iteration` just finished (`batch` its batch) and, every
+        `--log-interval` iterations, prints the console line.
 
-    interval.add(loss_dict, skipped_iter, grad_norm)
+        `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
+        converted only where written, so an iteration that logs nothing queues no host sync."""
+        args, timers, iteration = self.args, self.timers, state.iteration
+        writer, wandb_writer, interval = self.writer, self.wandb_writer, self.interval
+        if args.num_experts is not None:
+            loss_dict = {**loss_dict, **_moe_aux_losses(args, batch.num_microbatches)}
 
-    batch_size = get_current_running_global_batch_size()
-    if writer is not None and iteration % args.tensorboard_log_interval == 0:
-        samples = args.consumed_train_samples
-        scalars = {"batch-size": batch_size}
-        if args.log_learning_rate_to_tensorboard:
-            scalars["learning-rate"] = learning_rate
-        if args.log_loss_scale_to_tensorboard:
-            scalars["loss-scale"] = float(loss_scale)
-        scalars.update({key: float(value) for key, value in loss_dict.items()})
+        interval.add(loss_dict, skipped_iter, grad_norm)
+
+        batch_size = batch.running_global_batch_size
+        if writer is not None and iteration % args.tensorboard_log_interval == 0:
+            samples = state.consumed_train_samples
+            scalars = {"batch-size": batch_size}
+            if args.log_learning_rate_to_tensorboard:
+                scalars["learning-rate"] = learning_rate
+            if args.log_loss_scale_to_tensorboard:
+                scalars["loss-scale"] = float(loss_scale)
+            scalars.update({key: float(value) for key, value in loss_dict.items()})
+            if grad_norm is not None:
+                scalars["grad-norm"] = float(grad_norm)
+            if num_zeros_in_grad is not None:
+                scalars["num-zeros"] = float(num_zeros_in_grad)
+            if params_norm is not None:
+                scalars["params-norm"] = float(params_norm)
+            for tag, value in scalars.items():
+                writer.add_scalar(tag, value, iteration)
+                writer.add_scalar(tag + " vs samples", value, samples)
+            if args.log_world_size_to_tensorboard:
+                writer.add_scalar("world-size", args.world_size, iteration)
+            if wandb_writer is not None:
+                wandb_writer.log(scalars, iteration)
+
+        if iteration % args.log_interval != 0:
+            return
+
+        dump_memory_snapshot(args)
+        iterations = interval.iterations
+        elapsed = timers("interval-time").elapsed(barrier=True)
+        seconds_per_iteration = elapsed / max(iterations, 1)
+        tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
+        tflops_per_gpu = (num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12
+                          / args.world_size)
+        if writer is not None:
+            if args.log_timers_to_tensorboard:
+                writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
+            writer.add_scalar("throughput", tflops_per_gpu, iteration)
+            writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
+
+        fields = [
+            f"iteration {iteration:8d}/{self.train_iters:8d}",
+            f"consumed samples: {state.consumed_train_samples:12d}",
+            f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
+            f"tokens/s/GPU: {tokens_per_gpu:.0f}",
+            f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
+        ]
+        peak = peak_tflops()
+        if peak is not None:
+            fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
+        remaining = (self.train_iters - iteration) * seconds_per_iteration
+        if sys.stdout.isatty():
+            fields.append(progress_bar(iteration, self.train_iters))
+        fields.append(f"time remaining: {_format_duration(remaining)}")
+        fields.append(f"learning rate: {learning_rate:.6E}")
+        if decoupled_learning_rate is not None:
+            fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
+        fields.append(f"global batch size: {batch_size:5d}")
+        advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
+        for key, total in interval.losses.items():
+            average = float(total) / max(advanced, 1)
+            if average > 0.0:
+                fields.append(f"{key}: {average:.6E}")
+        fields.append(f"loss scale: {float(loss_scale):.1f}")
         if grad_norm is not None:
-            scalars["grad-norm"] = float(grad_norm)
+            fields.append(f"grad norm: {float(grad_norm):.3f}")
         if num_zeros_in_grad is not None:
-            scalars["num-zeros"] = float(num_zeros_in_grad)
+            fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
         if params_norm is not None:
-            scalars["params-norm"] = float(params_norm)
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, iteration)
-            writer.add_scalar(tag + " vs samples", value, samples)
-        if args.log_world_size_to_tensorboard:
-            writer.add_scalar("world-size", args.world_size, iteration)
-        if wandb_writer is not None:
-            wandb_writer.log(scalars, iteration)
+            fields.append(f"params norm: {float(params_norm):.3f}")
+        fields.append(f"number of skipped iterations: {skipped:3d}")
+        fields.append(f"number of nan iterations: {nan:3d}")
+        timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+        print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
+        interval.reset()
 
-    if iteration % args.log_interval != 0:
-        return
+        if torch.cuda.is_available() and not interval.memory_reported:
+            interval.memory_reported = True
+            self._report_memory(iteration)
+        timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
 
-    dump_memory_snapshot(args)
-    iterations = interval.iterations
-    elapsed = timers("interval-time").elapsed(barrier=True)
-    seconds_per_iteration = elapsed / max(iterations, 1)
-    tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
-    tflops_per_gpu = num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12 / args.world_size
-    if writer is not None:
-        if args.log_timers_to_tensorboard:
-            writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
-        writer.add_scalar("throughput", tflops_per_gpu, iteration)
-        writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
-
-    fields = [
-        f"iteration {iteration:8d}/{args.train_iters:8d}",
-        f"consumed samples: {args.consumed_train_samples:12d}",
-        f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
-        f"tokens/s/GPU: {tokens_per_gpu:.0f}",
-        f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
-    ]
-    peak = peak_tflops()
-    if peak is not None:
-        fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
-    remaining = (args.train_iters - iteration) * seconds_per_iteration
-    if sys.stdout.isatty():
-        fields.append(progress_bar(iteration, args.train_iters))
-    fields.append(f"time remaining: {_format_duration(remaining)}")
-    fields.append(f"learning rate: {learning_rate:.6E}")
-    if decoupled_learning_rate is not None:
-        fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
-    fields.append(f"global batch size: {batch_size:5d}")
-    advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
-    for key, total in interval.losses.items():
-        average = float(total) / max(advanced, 1)
-        if average > 0.0:
-            fields.append(f"{key}: {average:.6E}")
-    fields.append(f"loss scale: {float(loss_scale):.1f}")
-    if grad_norm is not None:
-        fields.append(f"grad norm: {float(grad_norm):.3f}")
-    if num_zeros_in_grad is not None:
-        fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
-    if params_norm is not None:
-        fields.append(f"params norm: {float(params_norm):.3f}")
-    fields.append(f"number of skipped iterations: {skipped:3d}")
-    fields.append(f"number of nan iterations: {nan:3d}")
-    timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
-    print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
-    interval.reset()
-
-    if torch.cuda.is_available() and not interval.memory_reported:
-        interval.memory_reported = True
-        _report_memory(iteration)
-    timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
+    def _report_memory(self, iteration: int) -> None:
+        mb = 1024 * 1024
+        if self.data_parallel_rank != 0:
+            return
+        print(
+            f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
+            f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | "
+            f"max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
+            f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
+            flush=True,
+        )
 
 
 _TIMERS_TO_LOG = [
@@ -212,26 +224,14 @@ _TIMERS_TO_LOG = [
 ]
 
 
-def _moe_aux_losses(args) -> dict:
+def _moe_aux_losses(args, num_microbatches: int) -> dict:
     """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
     layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
     names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
     num_moe_layers = sum(moe_layer_pattern(args.num_layers, args.moe_layer_freq))
-    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / get_num_microbatches())
+    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / num_microbatches)
 
 
 def _format_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _report_memory(iteration: int) -> None:
-    mb = 1024 * 1024
-    if parallel_state.get_data_parallel_rank() != 0:
-        return
-    print(
-        f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
-        f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
-        f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
-        flush=True,
-    )
