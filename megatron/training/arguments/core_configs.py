@@ -14,7 +14,8 @@ from megatron.core.activations import openai_gelu, quick_gelu, squared_relu
 from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
 from megatron.core.optimizer.optimizer_config import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from megatron.training.arguments.mla_mtp import mla_config_fields
 
 
 def _same_name_fields(config_class, args: argparse.Namespace) -> dict:
@@ -40,7 +41,7 @@ def _activation(args) -> dict:
 
 def core_transformer_config_from_args(args: argparse.Namespace, config_class=None) -> TransformerConfig:
     """`TransformerConfig` (or `config_class`, a subclass) from validated arguments, as Megatron builds it."""
-    config_class = config_class or TransformerConfig
+    config_class = config_class or (MLATransformerConfig if args.multi_latent_attention else TransformerConfig)
     renamed = {
         "persist_layer_norm": not args.no_persist_layer_norm,
         "layernorm_zero_centered_gamma": args.apply_layernorm_1p,
@@ -57,6 +58,7 @@ def core_transformer_config_from_args(args: argparse.Namespace, config_class=Non
         "num_query_groups": args.num_query_groups if args.group_query_attention else None,
         "use_cpu_initialization": bool(args.use_cpu_initialization),
         **_activation(args),
+        **mla_config_fields(args),
     }
     if args.init_method_xavier_uniform:
         renamed["init_method"] = renamed["output_layer_init_method"] = torch.nn.init.xavier_uniform_

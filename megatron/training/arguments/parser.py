@@ -11,6 +11,7 @@ from megatron.training.arguments.config_file import add_config_file_arg, find_co
 from megatron.training.arguments.data import _add_data_args
 from megatron.training.arguments.deprecated import _add_deprecated_args
 from megatron.training.arguments.logging import _add_logging_args
+from megatron.training.arguments.mla_mtp import _add_mla_mtp_args
 from megatron.training.arguments.model import _add_fusion_args, _add_initialization_args, _add_network_size_args
 from megatron.training.arguments.moe import _add_moe_args
 from megatron.training.arguments.optimizer import (
@@ -60,6 +61,7 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
         _add_data_args,
         _add_autoresume_args,
         _add_moe_args,
+        _add_mla_mtp_args,
         _add_logging_args,
         _add_resilience_args,
         _add_deprecated_args,

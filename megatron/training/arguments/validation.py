@@ -16,6 +16,7 @@ from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.resilience import check_resilience
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_fp8 import check_fp8
+from megatron.training.arguments.mla_mtp import check_mla_mtp
 from megatron.training.arguments.validate_model import check_recompute, derive_model_shape
 from megatron.training.arguments.validate_moe import check_moe
 from megatron.training.arguments.validate_parallel import derive_parallel_sizes
@@ -172,6 +173,7 @@ def validate_args(args: argparse.Namespace, defaults: dict = {}) -> argparse.Nam
     derive_pipeline_stages(args, problems)
     check_recompute(args, problems)
     check_moe(args, problems)
+    check_mla_mtp(args, problems)
     derive_batch_sizes(args, problems)
     check_run_length(args, problems)
     check_learning_rate(args, problems)

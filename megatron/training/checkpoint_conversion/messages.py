@@ -8,7 +8,12 @@ model as messages, then "done" ("exit" if it failed):
      "post norm weight/bias", "mlp l0 weight" (SwiGLU: "mlp l0 weight W" = gate, "mlp l0 weight V" = up),
      "mlp l0 bias" (SwiGLU: "... bias W/V"), "mlp l1 weight/bias"}     (biases only where the model has them)
      MoE layers instead of the MLP: "router weight" [E, h], and the experts stacked in expert order,
-     "mlp l0 weight" [E, f, h] (SwiGLU: "mlp l0 weight W"/"V") and "mlp l1 weight" [E, h, f]
+     "mlp l0 weight" [E, f, h] (SwiGLU: "mlp l0 weight W"/"V") and "mlp l1 weight" [E, h, f]; with shared
+     experts "shared mlp l0 weight" ([gate; up] whole) and "shared mlp l1 weight"; with an expert bias
+     "router bias" [E]
+     Extensions of this project: "q norm weight", "k norm weight" (--qk-layernorm); multi-latent attention
+     instead of "qkv weight": "q weight" or "q down weight", "q norm weight", "q up weight", then
+     "kv down weight", "kv norm weight", "kv up weight"
     {"name": "final norm", "weight", "bias" (LayerNorm only)}
     {"name": "output layer", "weight"}                                  (untied models only)
 
@@ -37,6 +42,20 @@ _LAYER_KEYS = {
     "mlp l0 bias": "mlp.linear_fc1.bias",
     "mlp l1 weight": "mlp.linear_fc2.weight",
     "mlp l1 bias": "mlp.linear_fc2.bias",
+    # per-head q/k norms (--qk-layernorm), or the latent norms of multi-latent attention
+    "q norm weight": "self_attention.q_layernorm.weight",
+    "k norm weight": "self_attention.k_layernorm.weight",
+    # multi-latent attention (--multi-latent-attention)
+    "q weight": "self_attention.linear_q_proj.weight",
+    "q down weight": "self_attention.linear_q_down_proj.weight",
+    "q up weight": "self_attention.linear_q_up_proj.weight",
+    "kv down weight": "self_attention.linear_kv_down_proj.weight",
+    "kv norm weight": "self_attention.kv_layernorm.weight",
+    "kv up weight": "self_attention.linear_kv_up_proj.weight",
+    # MoE layers: shared experts (fc1 = [gate; up] whole) and the expert bias of aux-loss-free balancing
+    "shared mlp l0 weight": "mlp.shared_experts.linear_fc1.weight",
+    "shared mlp l1 weight": "mlp.shared_experts.linear_fc2.weight",
+    "router bias": "mlp.router.expert_bias",
 }
 _FC1_KEYS = ("mlp l0 weight", "mlp l0 bias")
 _ROUTER = "mlp.router.weight"

@@ -68,7 +68,9 @@ class GPTModel(LanguageModule):
             self.embedding = LanguageModelEmbedding(
                 config, vocab_size, max_sequence_length, position_embedding_type=position_embedding_type
             )
-        if position_embedding_type == "rope":
+        # Multi-latent attention rotates its own d_rope channels (multi_latent_attention.py), as in Megatron-Core.
+        self.uses_rotary_pos_emb = position_embedding_type == "rope" and not config.multi_latent_attention
+        if self.uses_rotary_pos_emb:
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels,
                 rotary_percent=rotary_percent,
@@ -128,7 +130,7 @@ class GPTModel(LanguageModule):
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
         rotary_pos_emb = None
-        if self.position_embedding_type == "rope":
+        if self.uses_rotary_pos_emb:
             hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
             # With sequence parallelism each rank holds s/p positions; the rotation covers all s. With
             # context parallelism the angles of the whole sequence are computed and this CP rank's two

@@ -107,4 +107,24 @@ def moe_config_problems(config) -> list:
         problems.append("shared experts have no biases, as in Megatron-LM: set add_bias_linear=False "
                         "(--disable-bias-linear) with moe_shared_expert_intermediate_size")
     problems += _layer_freq_problems(config)
+    problems += _group_routing_problems(config)
     return problems
+
+
+def _group_routing_problems(config) -> list:
+    """Group-limited routing: both sizes or neither; groups divide the experts; the top-k fits the chosen groups."""
+    groups, group_topk, experts = config.moe_router_num_groups, config.moe_router_group_topk, config.num_moe_experts
+    if groups is None and group_topk is None:
+        return []
+    if groups is None or group_topk is None:
+        return ["group-limited routing needs both moe_router_num_groups and moe_router_group_topk "
+                f"(got {groups} and {group_topk})"]
+    if groups < 1 or experts % groups:
+        return [f"moe_router_num_groups ({groups}) must divide num_moe_experts ({experts}): {_divisors(experts)}"]
+    topk = config.moe_router_topk
+    if not 1 <= group_topk <= groups:
+        return [f"moe_router_group_topk ({group_topk}) must be between 1 and moe_router_num_groups ({groups})"]
+    if topk < group_topk or topk > group_topk * (experts // groups):
+        return [f"moe_router_topk ({topk}) must be between moe_router_group_topk ({group_topk}) and the "
+                f"{group_topk * (experts // groups)} experts of the chosen groups"]
+    return []

@@ -147,7 +147,8 @@ def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_pa
 @pytest.mark.parametrize("flags, message", [
     (["--moe-layer-freq", "2"], "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
     (["--moe-router-pre-softmax"], "--moe-router-pre-softmax (Mixtral renormalises the top-k weights)"),
-    (["--moe-shared-expert-intermediate-size", "64"], "--moe-shared-expert-intermediate-size is not supported yet"),
+    (["--moe-shared-expert-intermediate-size", "64"], "--moe-shared-expert-intermediate-size (Mixtral has no shared "
+                                                      "experts)"),
 ])
 def test_moe_models_mixtral_cannot_express_are_refused_by_name(tmp_path, flags, message):
     args = model_args("mixtral", *flags)
