@@ -14,6 +14,7 @@ from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_current_running_global_batch_size, get_num_microbatches
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
+from megatron.core.transformer.multi_token_prediction import mtp_losses_for_logging
 from megatron.training.console import print_rank_last
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
 from megatron.training.profiling import dump_memory_snapshot
@@ -120,6 +121,8 @@ def training_log(
     interval = _interval
     if args.num_experts is not None:
         loss_dict = {**loss_dict, **_moe_aux_losses(args)}
+    if args.mtp_num_layers:
+        loss_dict = {**loss_dict, **mtp_losses_for_logging(args.mtp_num_layers, 1.0 / get_num_microbatches())}
 
     interval.add(loss_dict, skipped_iter, grad_norm)
 
@@ -216,8 +219,10 @@ def _moe_aux_losses(args) -> dict:
     """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
     layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
     names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
-    num_moe_layers = sum(moe_layer_pattern(args.num_layers, args.moe_layer_freq))
-    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / get_num_microbatches())
+    pattern = moe_layer_pattern(args.num_layers, args.moe_layer_freq)
+    mtp = args.mtp_num_layers or 0  # multi-token prediction layers repeat the last layer's kind
+    num_moe_layers = sum(pattern) + mtp * pattern[-1]
+    return aux_losses_for_logging(names, args.num_layers + mtp, num_moe_layers, 1.0 / get_num_microbatches())
 
 
 def _format_duration(seconds: float) -> str:

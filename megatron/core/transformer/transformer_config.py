@@ -422,9 +422,13 @@ class TransformerConfig(ModelParallelConfig):
         problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
         if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
             problems.append("multi_latent_attention=True needs MLATransformerConfig (the latent and head dimensions)")
-        if self.mtp_num_layers is not None and self.mtp_num_layers < 1:
-            problems.append(f"mtp_num_layers must be a positive integer (or None: no multi-token prediction), "
-                            f"got {self.mtp_num_layers}")
+        if self.mtp_num_layers is not None:
+            if self.mtp_num_layers < 1:
+                problems.append(f"mtp_num_layers must be a positive integer (or None: no multi-token prediction), "
+                                f"got {self.mtp_num_layers}")
+            for name in ("pipeline_model_parallel_size", "context_parallel_size"):
+                if getattr(self, name) > 1:
+                    problems.append(f"mtp_num_layers with {name}={getattr(self, name)} is not supported yet")
         if self.context_parallel_size > 1:
             problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
         return problems

@@ -94,3 +94,8 @@ def check_mla_mtp(args: argparse.Namespace, problems: list) -> None:
     mtp = args.mtp_num_layers
     if mtp is not None and mtp < 1:
         problems.append(f"--mtp-num-layers {mtp} must be a positive integer")
+    for flag, size in (("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                       ("--context-parallel-size", args.context_parallel_size)):
+        if mtp and size > 1:
+            problems.append(f"--mtp-num-layers with {flag} {size} is not supported yet (the multi-token prediction "
+                            "layers run on one pipeline stage without context parallelism)")

@@ -149,7 +149,9 @@ class TopKRouter(MegatronModule):
 
     def _attach(self, activation, loss, coeff, name):
         if self.layer_number is not None and not _is_recomputation():
-            save_to_aux_losses_tracker(name, loss / coeff, self.layer_number, self.config.num_layers)
+            # Multi-token prediction layers follow the decoder's L layers in the tracker (numbers L + k).
+            num_layers = self.config.num_layers + (self.config.mtp_num_layers or 0)
+            save_to_aux_losses_tracker(name, loss / coeff, self.layer_number, num_layers)
         if self.config.calculate_per_token_loss:
             # finalize_model_grads divides every gradient by the global token count; undo it for this loss.
             loss = loss * activation.size(0)

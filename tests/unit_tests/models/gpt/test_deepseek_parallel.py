@@ -1,6 +1,7 @@
 """A DeepSeek-V3-shaped GPTModel (multi-latent attention with YaRN, a dense first layer, MoE layers with
 group-limited sigmoid routing, expert bias, scaling factor and a shared expert) on 2 gloo ranks equals the
-same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), PP=2 and CP=2.
+same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), each also with a
+multi-token-prediction depth (its loss logged as "mtp_1 loss"), PP=2 and CP=2.
 
 One spawn runs every layout in turn. Each rank builds its part of the model, loads the reference's weights
 (its TP slice, its experts, its pipeline stage's layers), and runs one training step through Megatron-Core's
@@ -26,6 +27,8 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
+from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
+from megatron.core.transformer.multi_token_prediction import mtp_losses_for_logging
 from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 from megatron.training.tasks import gpt as gpt_task
@@ -47,9 +50,12 @@ LAYOUTS = {
     "TP=2": dict(tensor_model_parallel_size=2),
     "TP=2 + SP": dict(tensor_model_parallel_size=2, sequence_parallel=True),
     "EP=2 x DP=2": dict(expert_model_parallel_size=2),
+    "TP=2 + SP, MTP": dict(tensor_model_parallel_size=2, sequence_parallel=True, mtp_num_layers=1),
+    "EP=2 x DP=2, MTP": dict(expert_model_parallel_size=2, mtp_num_layers=1),
     "PP=2": dict(pipeline_model_parallel_size=2),
     "CP=2": dict(context_parallel_size=2),
 }
+_MODEL_FIELDS = ("sequence_parallel", "mtp_num_layers")  # the layouts' TransformerConfig-only fields
 
 
 def _global_batch():
@@ -64,21 +70,26 @@ def _model(layout: dict, pre_process: bool = True, post_process: bool = True) ->
                     position_embedding_type="rope", pre_process=pre_process, post_process=post_process)
 
 
-def _reference() -> tuple[dict, float, dict]:
-    """(state dict, loss, grads by name) of the whole model in this process."""
+def _reference(mtp_num_layers: int | None) -> tuple[dict, dict, dict]:
+    """(state dict, {"loss", "mtp_1 loss"}, grads by name) of the whole model in this process."""
     parallel_state.initialize_model_parallel()
     torch.manual_seed(7)
-    model = _model({})
+    model = _model(dict(mtp_num_layers=mtp_num_layers))
     with torch.no_grad():
-        for layer in model.decoder.layers[1:]:  # the MoE layer
-            layer.mlp.router.expert_bias.copy_(0.1 * torch.rand(4))
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(0.1 * torch.rand(4))
     batch = _global_batch()
-    loss = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"]).mean()
-    loss.backward()
+    set_aux_loss_scale(model.config, num_microbatches=1)
+    losses = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
+    losses.mean().backward()
     grads = {name: param.grad.clone() for name, param in model.named_parameters()}
     state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    logged = {"loss": losses.mean().item()}
+    if mtp_num_layers:
+        logged.update({name: value.item() for name, value in mtp_losses_for_logging(mtp_num_layers, 1.0).items()})
     parallel_state.destroy_model_parallel()
-    return state, loss.item(), grads
+    return state, logged, grads
 
 
 def _reference_name(name: str, model: GPTModel) -> str:
@@ -121,8 +132,9 @@ def _scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _layout_errors(layout: dict, reference) -> dict:
     """{what: worst error against the reference} of one training step in `layout`."""
-    state, reference_loss, reference_grads = reference
-    parallel_state.initialize_model_parallel(**{key: value for key, value in layout.items() if key != "sequence_parallel"})
+    state, reference_losses, reference_grads = reference
+    parallel_state.initialize_model_parallel(**{key: value for key, value in layout.items()
+                                                if key not in _MODEL_FIELDS})
     model_parallel_cuda_manual_seed(123)
     module = _model(layout, parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
     with torch.no_grad():
@@ -137,6 +149,7 @@ def _layout_errors(layout: dict, reference) -> dict:
     microbatches = [{key: value[start:start + MICRO_BATCH] for key, value in batch.items()}
                     for start in range(dp_rank * MICRO_BATCH, GLOBAL_BATCH, MICRO_BATCH * dp_size)]
     model.zero_grad_buffer()
+    set_aux_loss_scale(module.config, len(microbatches))
     reports = get_forward_backward_func()(
         forward_step_func=_forward_step, data_iterator=iter(microbatches), model=model,
         num_microbatches=len(microbatches), seq_length=SEQ, micro_batch_size=MICRO_BATCH,
@@ -145,7 +158,10 @@ def _layout_errors(layout: dict, reference) -> dict:
     if parallel_state.is_pipeline_last_stage():
         loss_and_tokens = torch.stack([report["lm loss"] for report in reports]).sum(dim=0)
         dist.all_reduce(loss_and_tokens, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-        errors["loss"] = abs((loss_and_tokens[0] / loss_and_tokens[1]).item() - reference_loss)
+        errors["loss"] = abs((loss_and_tokens[0] / loss_and_tokens[1]).item() - reference_losses["loss"])
+    if module.config.mtp_num_layers:  # collective over the pipeline and data-parallel ranks
+        logged = mtp_losses_for_logging(1, 1.0 / len(microbatches))["mtp_1 loss"].item()
+        errors["mtp_1 loss"] = abs(logged - reference_losses["mtp_1 loss"])
     for name, param in module.named_parameters():
         expected = _local_piece(reference_grads[_reference_name(name, module)], param)
         errors[name] = _scaled_error(param.main_grad, expected)
@@ -154,8 +170,8 @@ def _layout_errors(layout: dict, reference) -> dict:
 
 
 def _all_layouts(rank, world_size):
-    reference = _reference()
-    return {name: _layout_errors(layout, reference) for name, layout in LAYOUTS.items()}
+    references = {mtp: _reference(mtp) for mtp in (None, 1)}
+    return {name: _layout_errors(layout, references[layout.get("mtp_num_layers")]) for name, layout in LAYOUTS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +185,5 @@ def test_layout_matches_one_process(errors_by_layout, layout):
         worst = rank_errors[layout]
         assert max(worst.values()) <= TOLERANCE, sorted(worst.items(), key=lambda item: -item[1])[:3]
     assert any("loss" in rank_errors[layout] for rank_errors in errors_by_layout)
+    if "MTP" in layout:
+        assert all("mtp_1 loss" in rank_errors[layout] for rank_errors in errors_by_layout)
