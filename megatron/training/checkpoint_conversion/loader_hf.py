@@ -1,9 +1,9 @@
-"""convert.py loader `hf`: a Hugging Face directory (GPT-2, Llama / Mistral / Qwen2 / Mixtral, DeepSeek-V3) as
-Megatron messages.
+"""convert.py loader `hf`: a Hugging Face directory (GPT-2, Llama / Mistral / Qwen2 / Mixtral, Qwen3-MoE,
+DeepSeek-V3) as Megatron messages.
 
-The training arguments are built from config.json (gpt2_hf.py / llama_hf.py / deepseek_v3_hf.py hold the
-maps) over this project's defaults; the weights become a release checkpoint (iteration 0), so `pretrain_gpt.py --load`
-starts a fine-tune from them with fresh optimizer state. The tokenizer is the directory itself
+The training arguments are built from config.json (gpt2_hf.py / llama_hf.py / qwen3_moe_hf.py /
+deepseek_v3_hf.py hold the maps) over this project's defaults; the weights become a release checkpoint
+(iteration 0), so `pretrain_gpt.py --load` starts a fine-tune from them with fresh optimizer state. The tokenizer is the directory itself
 (--tokenizer-type HuggingFaceTokenizer) when it holds tokenizer files.
 """
 
@@ -24,6 +24,7 @@ from megatron.training.checkpoint_conversion.llama_hf import (
     llama_to_megatron,
 )
 from megatron.training.checkpoint_conversion.messages import metadata_from_args, state_to_messages
+from megatron.training.checkpoint_conversion.qwen3_moe_hf import args_from_qwen3_moe_config, qwen3_moe_to_megatron
 from megatron.training.checkpoint_conversion.tokenizer_info import TokenizerInfo
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -31,6 +32,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 _IMPORTS = {
     "gpt2": (args_from_gpt2_config, gpt2_to_megatron),
     **{model_type: (args_from_llama_config, llama_to_megatron) for model_type in IMPORTABLE_MODEL_TYPES},
+    "qwen3_moe": (args_from_qwen3_moe_config, qwen3_moe_to_megatron),
     "deepseek_v3": (args_from_deepseek_v3_config, deepseek_v3_to_megatron),
 }
 

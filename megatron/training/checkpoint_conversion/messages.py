@@ -16,6 +16,7 @@ model as messages, then "done" ("exit" if it failed):
      "kv down weight", "kv norm weight", "kv up weight"
     {"name": "final norm", "weight", "bias" (LayerNorm only)}
     {"name": "output layer", "weight"}                                  (untied models only)
+    {"name": "mtp layer K", <key under mtp.layers.K.>: tensor, ...}      (--mtp-num-layers: K = 0 .. D-1)
 
 Word embeddings and output layer carry the rows the source had (padded or not); the saver pads or
 trims them. `state_to_messages` / `messages_to_state` translate to and from a full Megatron-Core state
@@ -143,6 +144,10 @@ def state_to_messages(state: dict, shape: GPTShape):
     yield final_norm
     if not shape.tied_embeddings:
         yield {"name": "output layer", "weight": state["output_layer.weight"]}
+    for depth in range(shape.mtp_num_layers or 0):
+        prefix = f"mtp.layers.{depth}."
+        yield {"name": f"mtp layer {depth}",
+               **{name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}}
 
 
 def _expect(message, name: str, checking: bool) -> dict:
@@ -183,6 +188,9 @@ def messages_to_state(get, md: argparse.Namespace, checking: bool = True) -> dic
         state["decoder.final_layernorm.bias"] = _take(message, "bias", checking)
     if md.output_layer:
         state["output_layer.weight"] = _take(_expect(get(), "output layer", checking), "weight", checking)
+    for depth in range(shape.mtp_num_layers or 0):
+        message = _expect(get(), f"mtp layer {depth}", checking)
+        state.update({f"mtp.layers.{depth}.{key}": tensor for key, tensor in message.items() if key != "name"})
     last = get()
     if last == "exit":
         raise RuntimeError("the loader failed (it sent 'exit'); see its error above")

@@ -2,7 +2,7 @@
 
 Stage p of PP holds layers p*L/PP .. (p+1)*L/PP - 1 (the even split of `get_num_layers_to_build`),
 saved under LOCAL indices `decoder.layers.0 .. L/PP - 1`; the first stage holds the embeddings, the
-last the final norm and `output_layer.weight`. With tied embeddings and PP > 1 the last stage keeps its
+last the final norm, `output_layer.weight` and the multi-token-prediction layers (`mtp.`). With tied embeddings and PP > 1 the last stage keeps its
 own copy of the word embeddings as `output_layer.weight` (a PP=1 model has no such key).
 """
 
@@ -10,7 +10,7 @@ import re
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _FIRST_STAGE = ("embedding.",)
-_LAST_STAGE = ("decoder.final_layernorm.", "output_layer.")
+_LAST_STAGE = ("decoder.final_layernorm.", "output_layer.", "mtp.")
 
 
 def check_pipeline_parallel_size(num_layers: int, pp: int) -> None:

@@ -17,11 +17,17 @@ from megatron.training.checkpoint_conversion.gpt2_hf import gpt2_config, gpt2_ex
 from megatron.training.checkpoint_conversion.hf_directory import DEFAULT_MAX_SHARD_BYTES, write_hf_directory
 from megatron.training.checkpoint_conversion.llama_hf import llama_config, llama_export_problems, megatron_to_llama
 from megatron.training.checkpoint_conversion.messages import messages_to_state
+from megatron.training.checkpoint_conversion.qwen3_moe_hf import (
+    megatron_to_qwen3_moe,
+    qwen3_moe_config,
+    qwen3_moe_export_problems,
+)
 
 # (class, what it cannot express, state dict map, config.json), tried in order.
 _FAMILIES = (
     ("GPT2LMHeadModel", gpt2_export_problems, megatron_to_gpt2, gpt2_config),
     ("LlamaForCausalLM", llama_export_problems, megatron_to_llama, llama_config),
+    ("Qwen3MoeForCausalLM", qwen3_moe_export_problems, megatron_to_qwen3_moe, qwen3_moe_config),
     ("DeepseekV3ForCausalLM", deepseek_v3_export_problems, megatron_to_deepseek_v3, deepseek_v3_config),
 )
 
