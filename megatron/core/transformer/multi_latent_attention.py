@@ -24,9 +24,10 @@ heads only, is summed over the ranks; with sequence parallelism each rank compre
 up projections gather the latents, k_rope is all-gathered) and the replicated weights' gradients are summed
 over the ranks by finalize_model_grads (`sequence_parallel` on the params).
 
-Context parallelism needs no change: the angles are those of this CP rank's chunks of the sequence; since
-the CP kernels (and, on CUDA, the fused flash kernel) take one head width for queries and values, the values
-are zero-padded to d_nope + d_rope there and the padding is cut from the output.
+Core attention gets the values zero-padded to the query width d_nope + d_rope (the padding is cut from its
+output): the fused flash kernels (CUDA's, the CPU's) and the context-parallel ones take one head width for
+queries, keys and values, and the padding costs less than SDPA's unfused fallback, which keeps the s x s
+probabilities. Context parallelism then needs no change: the angles are those of this CP rank's chunks.
 """
 
 import math
@@ -218,12 +219,6 @@ class MLASelfAttention(MegatronModule):
         key = torch.cat([k_nope, k_rope.expand(-1, -1, heads, -1)], dim=-1)
         return query, key, value
 
-    def _pads_value(self, query: torch.Tensor) -> bool:
-        """Whether core attention gets values padded to the query width (module docstring)."""
-        return self.config.v_head_dim != self.q_head_dim and (
-            self.config.context_parallel_size > 1 or query.is_cuda
-        )
-
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -237,7 +232,7 @@ class MLASelfAttention(MegatronModule):
             raise ValueError("MLASelfAttention computes its own rotary embedding: pass rotary_pos_emb=None (GPTModel "
                              "does so for multi-latent attention)")
         query, key, value = self.get_query_key_value_tensors(hidden_states, inference_context)
-        pad = self._pads_value(query)
+        pad = self.config.v_head_dim != self.q_head_dim
         context = cached_core_attention(
             self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
             value_width=self.q_head_dim if pad else None,
