@@ -30,7 +30,7 @@ counted (~0.6% of BERT-large); the banner counts the built model itself.
 Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients accumulate in fp32, else
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) or SGD momentum 4, divided by
-DP with the distributed optimizer. Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16
+DP with the distributed optimizer (the routed experts' by expert-DP = world / (EP x expert-TP x PP)). Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16
 moments it is 2 + 4 + 8.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
@@ -223,24 +223,25 @@ def total_parameters(args) -> int:
     return sum(map(sum, _layers(args))) + sum(_mtp_parameters(args)) + words + positions + norms + output
 
 
-def parameters_per_rank(args) -> dict:
+def parameters_per_rank(args, experts_only: bool = False) -> dict:
     """{"first stage": n, "last stage": n} parameters on one TP (and EP) rank of the first and last pipeline
-    stages (T5 runs at PP 1)."""
+    stages (T5 runs at PP 1); with `experts_only` those of the routed experts alone."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     experts_share = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or tp)
+    dense = 0 if experts_only else 1
     layers = _layers(args)
     per_stage = len(layers) // pp
 
     def stage(index: int) -> int:
-        return sum(split // tp + replicated + experts // experts_share
+        return sum(dense * (split // tp + replicated) + experts // experts_share
                    for split, replicated, experts in layers[index * per_stage:(index + 1) * per_stage])
 
     words, positions = _embedding_parameters(args)
     norms, output = _outside_layers(args)
     mtp_split, mtp_replicated, mtp_experts = _mtp_parameters(args)
-    norms += mtp_split // tp + mtp_replicated + mtp_experts // experts_share  # on the last stage
-    first = stage(0) + words // tp + positions
-    last_output = output // tp if (output or pp == 1) else words // tp  # tied under PP: the last stage's copy
+    norms = dense * (norms + mtp_split // tp + mtp_replicated) + mtp_experts // experts_share  # the last stage's
+    first = stage(0) + dense * (words // tp + positions)
+    last_output = dense * (output // tp if (output or pp == 1) else words // tp)  # tied under PP: the last copy
     if pp == 1:
         return {"first stage": first + norms + last_output, "last stage": first + norms + last_output}
     return {"first stage": first, "last stage": stage(pp - 1) + norms + last_output}
@@ -350,8 +351,14 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     else:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
-    if args.use_distributed_optimizer:
-        optimizer //= args.data_parallel_size
+    if args.use_distributed_optimizer:  # dense state sharded over DP, the experts' over expert-DP
+        experts = parameters_per_rank(args, experts_only=True)["first stage"]
+        expert_data_parallel = args.world_size // (
+            args.expert_model_parallel_size * (args.expert_tensor_parallel_size or args.tensor_model_parallel_size)
+            * args.pipeline_model_parallel_size)
+        per_parameter = state_bytes + (4 if mixed else 0)
+        optimizer = ((parameters - experts) * per_parameter // args.data_parallel_size
+                     + experts * per_parameter // max(expert_data_parallel, 1))
     in_flight = min(args.pipeline_model_parallel_size, num_microbatches)
     activations, full = _activation_bytes(args)
     return MemoryEstimate(
