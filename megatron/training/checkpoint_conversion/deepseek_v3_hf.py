@@ -14,6 +14,10 @@ the SwiGLU split of fc1 (`fc1_to_llama`):
     mlp.experts.local_experts.E.linear_fc1 = [gate_proj; up_proj] of mlp.experts.E, linear_fc2 = down_proj
     mlp.shared_experts.*                mlp.shared_experts.*          (dense layers: mlp.* likewise)
 
+Multi-token-prediction depth d (`mtp.layers.d.`) is DeepSeek's `model.layers.{L + d}.` (num_nextn_predict_layers
+in config.json): enorm, hnorm, eh_proj, final_layernorm = shared_head.norm, and its transformer layer
+(`mtp_model_layer.`) under the names above; `transformers` ignores these tensors, inference engines read them.
+
 RoPE: HF's `rope_interleave=True` reorders the rotated channels from pairs to halves before rotating them,
 which is what Megatron-Core's multi-latent attention does (`mla_rotary_interleaved`), so no weight is
 permuted. YaRN maps to `rope_scaling` {"type": "yarn", factor, mscale, mscale_all_dim,
@@ -64,7 +68,6 @@ def deepseek_v3_export_problems(shape: GPTShape) -> list[str]:
         (shape.norm_epsilon != _LATENT_NORM_EPS, f"--norm-epsilon {shape.norm_epsilon} (HF's latent norms use 1e-6)"),
         (not shape.swiglu, "no --swiglu"),
         (shape.add_bias_linear or shape.add_qkv_bias, "biases (DeepSeek-V3 has none)"),
-        (shape.mtp_num_layers, "--mtp-num-layers (the export of multi-token prediction layers is not supported yet)"),
         (_dense_prefix_length(shape) is None, "--moe-layer-freq other than dense layers first, then MoE layers"),
     )
     problems = [message for failed, message in checks if failed]
@@ -87,18 +90,35 @@ def deepseek_v3_export_problems(shape: GPTShape) -> list[str]:
     return problems
 
 
-def _layer_names(state_names, i: int, shape: GPTShape) -> tuple[list, list]:
-    """Layer i's (Megatron key, HF key) pairs of tensors copied as they are, and its (Megatron MLP prefix, HF MLP
-    prefix) pairs (fc1 = [gate_proj; up_proj], fc2 = down_proj); `state_names` are the Megatron-side key
+def _layer_prefixes(shape: GPTShape) -> list[tuple[str, str, bool]]:
+    """(Megatron prefix, HF prefix, MoE) of every transformer layer: the decoder's, then each multi-token-
+    prediction depth's (DeepSeek's checkpoints hold depth d as model.layers.{L + d}, of the last layer's kind)."""
+    moe = list(shape.moe_layers) or [False] * shape.num_layers
+    layers = [(f"decoder.layers.{i}.", f"model.layers.{i}.", moe[i]) for i in range(shape.num_layers)]
+    return layers + [(f"mtp.layers.{d}.mtp_model_layer.", f"model.layers.{shape.num_layers + d}.", moe[-1])
+                     for d in range(shape.mtp_num_layers or 0)]
+
+
+def _mtp_pairs(shape: GPTShape) -> list[tuple[str, str]]:
+    """(Megatron key, HF key) of the depths' own tensors: enorm, hnorm, eh_proj ([h, 2h]: the embedding's half
+    first, in both), final norm = shared_head.norm."""
+    names = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
+             "final_layernorm.weight": "shared_head.norm.weight"}
+    return [(f"mtp.layers.{d}.{ours}", f"model.layers.{shape.num_layers + d}.{theirs}")
+            for d in range(shape.mtp_num_layers or 0) for ours, theirs in names.items()]
+
+
+def _layer_names(state_names, megatron: str, hf: str, moe: bool, shape: GPTShape) -> tuple[list, list]:
+    """One layer's (Megatron key, HF key) pairs of tensors copied as they are, and its (Megatron MLP prefix, HF
+    MLP prefix) pairs (fc1 = [gate_proj; up_proj], fc2 = down_proj); `state_names` are the Megatron-side key
     names (export) or the HF ones (import), to tell which optional attention tensors exist."""
-    megatron, hf = f"decoder.layers.{i}.", f"model.layers.{i}."
     pairs = [(f"{megatron}input_layernorm.weight", f"{hf}input_layernorm.weight"),
              (f"{megatron}pre_mlp_layernorm.weight", f"{hf}post_attention_layernorm.weight")]
     for ours, theirs in _ATTENTION.items():
         pair = (f"{megatron}self_attention.{ours}.weight", f"{hf}self_attn.{theirs}.weight")
         if pair[0] in state_names or pair[1] in state_names:
             pairs.append(pair)
-    if not (shape.moe_layers and shape.moe_layers[i]):
+    if not moe:
         return pairs, [(f"{megatron}mlp", f"{hf}mlp")]
     pairs += [(f"{megatron}mlp.router.weight", f"{hf}mlp.gate.weight"),
               (f"{megatron}mlp.router.expert_bias", f"{hf}mlp.gate.e_score_correction_bias")]
@@ -106,56 +126,54 @@ def _layer_names(state_names, i: int, shape: GPTShape) -> tuple[list, list]:
     return pairs, mlps + [(f"{megatron}mlp.shared_experts", f"{hf}mlp.shared_experts")]
 
 
-def _layer_to_hf(state: dict, i: int, shape: GPTShape) -> dict:
-    pairs, mlps = _layer_names(state, i, shape)
-    out = {}
-    for ours, theirs in pairs:
-        if ours.endswith("expert_bias") and ours not in state:  # no expert bias: zero, the same routing
-            out[theirs] = torch.zeros(shape.num_experts)
-        else:
-            out[theirs] = state[ours].float() if ours.endswith("expert_bias") else state[ours]
-    for ours, theirs in mlps:
-        gate, up = fc1_to_llama(state[f"{ours}.linear_fc1.weight"])
-        out.update({f"{theirs}.gate_proj.weight": gate, f"{theirs}.up_proj.weight": up,
-                    f"{theirs}.down_proj.weight": state[f"{ours}.linear_fc2.weight"]})
-    return out
-
-
-def _layer_from_hf(hf_state: dict, i: int, shape: GPTShape) -> dict:
-    pairs, mlps = _layer_names(hf_state, i, shape)
-    out = {ours: hf_state[theirs].float() if ours.endswith("expert_bias") else hf_state[theirs]
-           for ours, theirs in pairs}
-    for ours, theirs in mlps:
-        out[f"{ours}.linear_fc1.weight"] = fc1_from_llama(hf_state[f"{theirs}.gate_proj.weight"],
-                                                          hf_state[f"{theirs}.up_proj.weight"])
-        out[f"{ours}.linear_fc2.weight"] = hf_state[f"{theirs}.down_proj.weight"]
-    return out
-
-
 def megatron_to_deepseek_v3(state: dict, shape: GPTShape) -> dict:
     """DeepseekV3ForCausalLM state dict of a full (TP=1, PP=1) GPTModel state dict; vocab rows trimmed to the
-    tokenizer's; with tied embeddings `lm_head.weight` is left out (HF ties it)."""
+    tokenizer's; with tied embeddings `lm_head.weight` is left out (HF ties it). Multi-token-prediction depths
+    go where DeepSeek's checkpoints keep them, with their copies of the embedding and output weight
+    (`embed_tokens`, `shared_head.head`); `transformers` does not load them."""
     if shape.vocab_size is None:
         raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
                          "tokenizer files the checkpoint's arguments name")
-    embedding = "embedding.word_embeddings.weight"
-    out = {"model.embed_tokens.weight": trim_to_tokenizer(state[embedding], shape.vocab_size, embedding),
-           "model.norm.weight": state["decoder.final_layernorm.weight"]}
+    embedding, output = "embedding.word_embeddings.weight", "output_layer.weight"
+    words = trim_to_tokenizer(state[embedding], shape.vocab_size, embedding)
+    head = words if shape.tied_embeddings else trim_to_tokenizer(state[output], shape.vocab_size, output)
+    out = {"model.embed_tokens.weight": words, "model.norm.weight": state["decoder.final_layernorm.weight"]}
     if not shape.tied_embeddings:
-        out["lm_head.weight"] = trim_to_tokenizer(state["output_layer.weight"], shape.vocab_size, "output_layer.weight")
-    for i in range(shape.num_layers):
-        out.update(_layer_to_hf(state, i, shape))
+        out["lm_head.weight"] = head
+    for megatron, hf, moe in _layer_prefixes(shape):
+        pairs, mlps = _layer_names(state, megatron, hf, moe, shape)
+        for ours, theirs in pairs:
+            if ours.endswith("expert_bias"):  # without an expert bias: zeros, the same routing
+                out[theirs] = state[ours].float() if ours in state else torch.zeros(shape.num_experts)
+            else:
+                out[theirs] = state[ours]
+        for ours, theirs in mlps:
+            gate, up = fc1_to_llama(state[f"{ours}.linear_fc1.weight"])
+            out.update({f"{theirs}.gate_proj.weight": gate, f"{theirs}.up_proj.weight": up,
+                        f"{theirs}.down_proj.weight": state[f"{ours}.linear_fc2.weight"]})
+    out.update({theirs: state[ours] for ours, theirs in _mtp_pairs(shape)})
+    for depth in range(shape.mtp_num_layers or 0):
+        prefix = f"model.layers.{shape.num_layers + depth}."
+        out.update({f"{prefix}embed_tokens.weight": words.clone(), f"{prefix}shared_head.head.weight": head.clone()})
     return {key: value.contiguous() for key, value in out.items()}
 
 
 def deepseek_v3_to_megatron(hf_state: dict, shape: GPTShape) -> dict:
-    """Full GPTModel state dict (vocab rows as in the HF model) of a DeepseekV3ForCausalLM state dict."""
+    """Full GPTModel state dict (vocab rows as in the HF model) of a DeepseekV3ForCausalLM state dict (the
+    depths' copies of the embedding and output weight are the model's own, not read)."""
     out = {"embedding.word_embeddings.weight": hf_state["model.embed_tokens.weight"],
            "decoder.final_layernorm.weight": hf_state["model.norm.weight"]}
     if not shape.tied_embeddings:
         out["output_layer.weight"] = hf_state["lm_head.weight"]
-    for i in range(shape.num_layers):
-        out.update(_layer_from_hf(hf_state, i, shape))
+    for megatron, hf, moe in _layer_prefixes(shape):
+        pairs, mlps = _layer_names(hf_state, megatron, hf, moe, shape)
+        out.update({ours: hf_state[theirs].float() if ours.endswith("expert_bias") else hf_state[theirs]
+                    for ours, theirs in pairs})
+        for ours, theirs in mlps:
+            out[f"{ours}.linear_fc1.weight"] = fc1_from_llama(hf_state[f"{theirs}.gate_proj.weight"],
+                                                              hf_state[f"{theirs}.up_proj.weight"])
+            out[f"{ours}.linear_fc2.weight"] = hf_state[f"{theirs}.down_proj.weight"]
+    out.update({ours: hf_state[theirs] for ours, theirs in _mtp_pairs(shape)})
     return out
 
 
@@ -202,6 +220,7 @@ def deepseek_v3_config(shape: GPTShape, bos_token_id: int | None, eos_token_id: 
         "qk_rope_head_dim": mla.qk_pos_emb_head_dim, "v_head_dim": mla.v_head_dim, "rope_interleave": True,
         "hidden_act": "silu", "max_position_embeddings": shape.max_position_embeddings,
         "rms_norm_eps": shape.norm_epsilon, "rope_theta": shape.rotary_base, "rope_scaling": _rope_scaling(shape),
+        "num_nextn_predict_layers": shape.mtp_num_layers or 0,
         "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": shape.tied_embeddings,
         "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
         "torch_dtype": str(shape.params_dtype).removeprefix("torch."),
@@ -268,6 +287,7 @@ def args_from_deepseek_v3_config(config: dict) -> dict:
     return dict(
         **_moe_args(config, layers), **_rope_args(config),
         num_layers=layers, hidden_size=config["hidden_size"], num_attention_heads=heads,
+        mtp_num_layers=config.get("num_nextn_predict_layers") or None,
         ffn_hidden_size=config["intermediate_size"], multi_latent_attention=True, q_lora_rank=config.get("q_lora_rank"),
         kv_lora_rank=config["kv_lora_rank"], qk_head_dim=config["qk_nope_head_dim"],
         qk_pos_emb_head_dim=config["qk_rope_head_dim"], v_head_dim=config["v_head_dim"], qk_layernorm=True,

@@ -64,7 +64,7 @@ def _export(tmp_path, name, *flags):
     ("mixtral", [], "MixtralForCausalLM"),
     ("qwen3_moe", [], "Qwen3MoeForCausalLM"),
     ("qwen3_moe", ["--moe-router-pre-softmax"], "Qwen3MoeForCausalLM"),  # norm_topk_prob false
-    ("deepseek_v3", [], "DeepseekV3ForCausalLM"),
+    ("deepseek_v3", ["--mtp-num-layers", "1"], "DeepseekV3ForCausalLM"),  # the MTP layer as DeepSeek's layer L
     ("deepseek_v3_dense", [], "DeepseekV3ForCausalLM"),
 ])
 def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, flags, architecture):
@@ -88,7 +88,7 @@ def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, 
 
 
 @pytest.mark.parametrize("name, flags", [("gpt2", []), ("llama", []), ("llama", ["--add-qkv-bias"]), ("mixtral", []),
-                                         ("qwen3_moe", []), ("deepseek_v3", [])])
+                                         ("qwen3_moe", []), ("deepseek_v3", ["--mtp-num-layers", "1"])])
 def test_import_back_gives_bitwise_identical_weights(tmp_path, name, flags):
     model, _ = _export(tmp_path, name, *flags)
     convert(["--model-type", "GPT", "--loader", "hf", "--saver", "core", "--load-dir", str(tmp_path / "hf"),
@@ -177,10 +177,11 @@ def test_deepseek_v3_config_holds_the_routing_and_what_it_cannot_express_is_refu
                "norm_topk_prob")
     assert [config[key] for key in routing] == [1, 4, 2, 1, 2.5, True]
     assert config["rope_scaling"]["factor"] == 4 and "attention_factor" not in config["rope_scaling"]
-    refused = deepseek_v3_export_problems(gpt_shape_from_args(
-        model_args("deepseek_v3", "--moe-router-topk", "6", "--mtp-num-layers", "1"), TRUE_VOCAB))
+    refused = deepseek_v3_export_problems(gpt_shape_from_args(model_args("deepseek_v3", "--moe-router-topk", "6"),
+                                                              TRUE_VOCAB))
     assert any("the top-k must be twice the group top-k" in problem for problem in refused)
-    assert any("--mtp-num-layers" in problem for problem in refused)
+    assert deepseek_v3_export_problems(gpt_shape_from_args(model_args("llama"), TRUE_VOCAB))[0].startswith(
+        "no --multi-latent-attention")
 
 
 def _mistral(directory) -> "transformers.MistralForCausalLM":
