@@ -15,7 +15,7 @@
 # MOCK. Flags after the four positional arguments override the script's (argparse keeps the last one).
 # GPUS_PER_NODE, NUM_NODES, NODE_RANK, MASTER_ADDR, MASTER_PORT: see examples/distributed_args.sh.
 # DeepSeek-V3 671B itself (61 layers, d_model 7168, 128 heads, q latent 1536, 256 experts of 2048, 3 dense
-# layers) needs pipeline parallelism, which multi-token prediction does not support yet here.
+# layers) takes the same flags with its sizes, and pipeline parallelism (its MTP depth on the last stage).
 
 set -euo pipefail
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

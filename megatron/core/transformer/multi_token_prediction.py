@@ -61,7 +61,8 @@ class MultiTokenPredictionLayerSubmodules:
 class MultiTokenPredictionLayer(MegatronModule):
     """Depth k: (h_{k-1} [s(/p), b, h], shifted tokens) -> h_k (module docstring)."""
 
-    def __init__(self, config: TransformerConfig, submodules: MultiTokenPredictionLayerSubmodules, layer_number: int):
+    def __init__(self, config: TransformerConfig, submodules: MultiTokenPredictionLayerSubmodules, layer_number: int,
+                 vp_stage: int | None = None):
         super().__init__(config)
         norm = dict(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
         self.enorm = build_module(submodules.enorm, **norm)
@@ -74,8 +75,8 @@ class MultiTokenPredictionLayer(MegatronModule):
         # TransformerLayer adds this stage's layer offset itself.
         global_number = config.num_layers + layer_number
         self.mtp_model_layer = build_module(
-            submodules.mtp_model_layer, config=config,
-            layer_number=global_number - get_transformer_layer_offset(config),
+            submodules.mtp_model_layer, config=config, vp_stage=vp_stage,
+            layer_number=global_number - get_transformer_layer_offset(config, vp_stage),
         )
         self.final_layernorm = build_module(submodules.layer_norm, **norm)
 
@@ -93,10 +94,11 @@ class MultiTokenPredictionLayer(MegatronModule):
 class MultiTokenPredictionBlock(MegatronModule):
     """The D depths (`layers.0 ...`): returns [h_0; h_1; ...; h_D] concatenated along the sequence."""
 
-    def __init__(self, config: TransformerConfig, spec: ModuleSpec):
+    def __init__(self, config: TransformerConfig, spec: ModuleSpec, vp_stage: int | None = None):
         super().__init__(config)
         self.layers = torch.nn.ModuleList(
-            build_module(spec, config=config, layer_number=depth + 1) for depth in range(config.mtp_num_layers)
+            build_module(spec, config=config, layer_number=depth + 1, vp_stage=vp_stage)
+            for depth in range(config.mtp_num_layers)
         )
 
     def forward(self, input_ids, position_ids, hidden_states, attention_mask, embedding, rotary_pos_emb=None):

@@ -426,9 +426,9 @@ class TransformerConfig(ModelParallelConfig):
             if self.mtp_num_layers < 1:
                 problems.append(f"mtp_num_layers must be a positive integer (or None: no multi-token prediction), "
                                 f"got {self.mtp_num_layers}")
-            for name in ("pipeline_model_parallel_size", "context_parallel_size"):
-                if getattr(self, name) > 1:
-                    problems.append(f"mtp_num_layers with {name}={getattr(self, name)} is not supported yet")
+            if self.context_parallel_size > 1:
+                problems.append(f"mtp_num_layers with context_parallel_size={self.context_parallel_size} is not "
+                                "supported yet")
         if self.context_parallel_size > 1:
             problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
         return problems

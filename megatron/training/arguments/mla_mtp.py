@@ -94,8 +94,9 @@ def check_mla_mtp(args: argparse.Namespace, problems: list) -> None:
     mtp = args.mtp_num_layers
     if mtp is not None and mtp < 1:
         problems.append(f"--mtp-num-layers {mtp} must be a positive integer")
-    for flag, size in (("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
-                       ("--context-parallel-size", args.context_parallel_size)):
-        if mtp and size > 1:
-            problems.append(f"--mtp-num-layers with {flag} {size} is not supported yet (the multi-token prediction "
-                            "layers run on one pipeline stage without context parallelism)")
+    if mtp and args.context_parallel_size > 1:
+        problems.append(f"--mtp-num-layers with --context-parallel-size {args.context_parallel_size} is not "
+                        "supported yet")
+    if mtp and args.pipeline_model_parallel_size > 1 and args.position_embedding_type == "learned_absolute":
+        problems.append("--mtp-num-layers under pipeline parallelism needs --position-embedding-type rope or none "
+                        "(the last stage's copy of learned position embeddings is not supported yet)")

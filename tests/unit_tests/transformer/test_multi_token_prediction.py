@@ -82,7 +82,7 @@ def test_loss_and_gradients_match_the_definition():
         assert ((grads[name] - param.grad).abs().max() / scale).item() < 1e-6, name
 
 
-def test_depths_run_only_with_labels_and_pipeline_parallelism_is_refused():
+def test_depths_run_only_with_labels_and_context_parallelism_is_refused():
     tokens, labels, mask, positions = _batch()
     model = _model().eval()
     calls = []
@@ -90,6 +90,6 @@ def test_depths_run_only_with_labels_and_pipeline_parallelism_is_refused():
     with torch.no_grad():
         logits = model(tokens, positions, None)
     assert logits.shape == (BATCH, SEQ, VOCAB) and not calls
-    with pytest.raises(ValueError, match="mtp_num_layers with pipeline_model_parallel_size=2 is not supported yet"):
+    with pytest.raises(ValueError, match="mtp_num_layers with context_parallel_size=2 is not supported yet"):
         TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2, mtp_num_layers=1,
-                          pipeline_model_parallel_size=2)
+                          context_parallel_size=2)

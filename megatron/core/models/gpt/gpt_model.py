@@ -70,7 +70,14 @@ class GPTModel(LanguageModule):
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
         self.position_embedding_type = position_embedding_type
 
-        if pre_process:
+        # Multi-token prediction on the last stage embeds the shifted tokens: under pipeline parallelism that
+        # stage holds a copy of the word embedding, kept equal to the first stage's (setup_embeddings_and_
+        # output_layer), as in Megatron-Core.
+        mtp_here = post_process and bool(config.mtp_num_layers)
+        if mtp_here and not pre_process and position_embedding_type == "learned_absolute":
+            raise ValueError("multi-token prediction under pipeline parallelism with learned_absolute position "
+                             "embeddings is not supported yet (use rope or none)")
+        if pre_process or mtp_here:
             self.embedding = LanguageModelEmbedding(
                 config, vocab_size, max_sequence_length, position_embedding_type=position_embedding_type
             )
@@ -95,7 +102,7 @@ class GPTModel(LanguageModule):
             if mtp_block_spec is None:  # a depth with the decoder's last layer and final norm
                 decoder_spec = block_submodules(config, transformer_layer_spec, vp_stage)
                 mtp_block_spec = get_mtp_layer_spec(decoder_spec.layer_specs[-1], decoder_spec.layer_norm)
-            self.mtp = MultiTokenPredictionBlock(config, mtp_block_spec)
+            self.mtp = MultiTokenPredictionBlock(config, mtp_block_spec, vp_stage)
         if post_process:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size,
@@ -105,7 +112,7 @@ class GPTModel(LanguageModule):
                 bias=False,
                 skip_bias_add=False,
                 gather_output=not parallel_output,
-                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
+                skip_weight_param_allocation=(pre_process or mtp_here) and share_embeddings_and_output_weights,
             )
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()

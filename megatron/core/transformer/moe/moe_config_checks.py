@@ -5,6 +5,8 @@ Megatron-LM accepts some fields as one-element lists (`--moe-router-load-balanci
 combination of balancing losses) are not supported yet.
 """
 
+from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
+
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
 LOAD_BALANCING_NOT_YET = ("global_aux_loss", "sinkhorn", "quantile_balancing")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -108,7 +110,33 @@ def moe_config_problems(config) -> list:
                         "(--disable-bias-linear) with moe_shared_expert_intermediate_size")
     problems += _layer_freq_problems(config)
     problems += _group_routing_problems(config)
+    if not problems:
+        problems += _pipeline_stage_problems(config)
     return problems
+
+
+def _pipeline_stage_problems(config) -> list:
+    """Every pipeline rank must hold a MoE layer: the expert optimizer reduces its statistics over all of them."""
+    pp = config.pipeline_model_parallel_size
+    if not isinstance(pp, int) or pp < 2:
+        return []
+    try:
+        counts = pipeline_layer_counts(config)
+    except ValueError:  # reported by the pipeline split's own check
+        return []
+    pattern = moe_layer_pattern(config.num_layers, config.moe_layer_freq)
+    has_experts, offset = [False] * pp, 0
+    for chunk in counts:  # virtual stages in execution order, each over the pipeline ranks
+        for rank, count in enumerate(chunk):
+            has_experts[rank] |= any(pattern[offset:offset + count])
+            offset += count
+    has_experts[-1] |= bool(config.mtp_num_layers and pattern[-1])  # its MTP layers are of the last layer's kind
+    dense = [rank for rank, moe in enumerate(has_experts) if not moe]
+    if not dense:
+        return []
+    return [f"pipeline rank(s) {dense} would hold only dense layers of this MoE model: a pipeline stage without "
+            "experts is not supported yet (the expert optimizer reduces its statistics over every stage); change "
+            "moe_layer_freq or the pipeline split"]
 
 
 def _group_routing_problems(config) -> list:

@@ -1,7 +1,8 @@
 """A DeepSeek-V3-shaped GPTModel (multi-latent attention with YaRN, a dense first layer, MoE layers with
 group-limited sigmoid routing, expert bias, scaling factor and a shared expert) on 2 gloo ranks equals the
-same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), each also with a
-multi-token-prediction depth (its loss logged as "mtp_1 loss"), PP=2 and CP=2.
+same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), PP=2, each also with a
+multi-token-prediction depth (its loss logged as "mtp_1 loss"; under PP the last stage's copy of the word
+embedding gets the first stage's gradient too), and CP=2.
 
 One spawn runs every layout in turn. Each rank builds its part of the model, loads the reference's weights
 (its TP slice, its experts, its pipeline stage's layers), and runs one training step through Megatron-Core's
@@ -37,11 +38,11 @@ from tests.unit_tests.dist_utils import run_distributed
 SEQ, MICRO_BATCH, GLOBAL_BATCH, VOCAB = 16, 2, 4, 64
 TOLERANCE = 2e-6
 MODEL = dict(
-    num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48, gated_linear_unit=True,
+    num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48, gated_linear_unit=True,
     activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False, qk_layernorm=True,
     q_lora_rank=16, kv_lora_rank=12, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=6, rotary_scaling_factor=4.0,
     mscale=1.0, mscale_all_dim=1.0, original_max_position_embeddings=8,
-    num_moe_experts=4, moe_layer_freq=[0, 1], moe_ffn_hidden_size=16, moe_shared_expert_intermediate_size=16,
+    num_moe_experts=4, moe_layer_freq=[0, 1, 1, 1], moe_ffn_hidden_size=16, moe_shared_expert_intermediate_size=16,
     moe_router_topk=2, moe_router_num_groups=2, moe_router_group_topk=1, moe_router_topk_scaling_factor=2.5,
     moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
     hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, pipeline_dtype=torch.float32,
@@ -53,6 +54,7 @@ LAYOUTS = {
     "TP=2 + SP, MTP": dict(tensor_model_parallel_size=2, sequence_parallel=True, mtp_num_layers=1),
     "EP=2 x DP=2, MTP": dict(expert_model_parallel_size=2, mtp_num_layers=1),
     "PP=2": dict(pipeline_model_parallel_size=2),
+    "PP=2, MTP": dict(pipeline_model_parallel_size=2, mtp_num_layers=1),
     "CP=2": dict(context_parallel_size=2),
 }
 _MODEL_FIELDS = ("sequence_parallel", "mtp_num_layers")  # the layouts' TransformerConfig-only fields
