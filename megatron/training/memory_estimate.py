@@ -242,6 +242,8 @@ def parameters_per_rank(args, experts_only: bool = False) -> dict:
     norms = dense * (norms + mtp_split // tp + mtp_replicated) + mtp_experts // experts_share  # the last stage's
     first = stage(0) + dense * (words // tp + positions)
     last_output = dense * (output // tp if (output or pp == 1) else words // tp)  # tied under PP: the last copy
+    if output and pp > 1 and mtp_split:  # untied: MTP's copy of the word embedding on the last stage too
+        last_output += dense * words // tp
     if pp == 1:
         return {"first stage": first + norms + last_output, "last stage": first + norms + last_output}
     return {"first stage": first, "last stage": stage(pp - 1) + norms + last_output}
