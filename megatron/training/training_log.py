@@ -13,6 +13,7 @@ import torch
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.batch_plan import StepBatch
+from megatron.core.transformer.multi_token_prediction import mtp_losses_for_logging
 from megatron.training.console import print_rank_last
 from megatron.training.profiling import dump_memory_snapshot
 from megatron.training.progress import progress_bar
@@ -25,26 +26,48 @@ _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10
 def num_floating_point_operations(args, batch_size: int) -> float:
     """Model FLOPs of one iteration (forward + backward) of a GPT, Megatron's formula:
 
-        B*s*[12*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]
+        B*s*[12*h*f*g + L*A + 6*h*V*(1 + D) + 6*D*(3h + 2h^2)]
 
-    B sequences, s tokens, L layers, h hidden, g = 1.5 with SwiGLU (three GEMMs of f) else 1,
-    r = kv_channels*heads/h, q = query groups/heads, V padded vocab; attention counted causally (s/2h).
-    f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers count
-    ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible).
+    B sequences, s tokens, L layers, h hidden, g = 1.5 with SwiGLU (three GEMMs of f) else 1, V padded
+    vocab, D multi-token-prediction depths (each a layer of the last layer's kind with its own logits and
+    eh_proj). f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers
+    count ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible). A is
+    one layer's attention per token (`_attention_flops_per_token`), counted causally.
     """
     s, h, L = args.seq_length, args.hidden_size, args.num_layers
-    f = L * args.ffn_hidden_size
+    depths = getattr(args, "mtp_num_layers", None) or 0
+    widths = [args.ffn_hidden_size] * L
     if getattr(args, "num_experts", None) is not None:
-        moe_layers = sum(moe_layer_pattern(L, args.moe_layer_freq))
         moe_width = args.moe_router_topk * args.moe_ffn_hidden_size + (args.moe_shared_expert_intermediate_size or 0)
-        f = (L - moe_layers) * args.ffn_hidden_size + moe_layers * moe_width
+        widths = [moe_width if is_moe else args.ffn_hidden_size for is_moe in moe_layer_pattern(L, args.moe_layer_freq)]
+    f = sum(widths) + depths * widths[-1]
     g = 1.5 if args.swiglu else 1.0
-    r = args.kv_channels * args.num_attention_heads / h
-    groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
-    q = groups / args.num_attention_heads
     return batch_size * s * (
-        12 * h * f * g + 12 * L * h * h * r * (1 + q + s / (2 * h)) + 6 * h * args.padded_vocab_size
+        12 * h * f * g + (L + depths) * _attention_flops_per_token(args)
+        + 6 * h * args.padded_vocab_size * (1 + depths) + 6 * depths * (3 * h + 2 * h * h)
     )
+
+
+def _attention_flops_per_token(args) -> float:
+    """Forward + backward FLOPs of one layer's self-attention per token (3 x 2 x the multiply-adds), causal.
+
+    Standard: 12*h^2*r*(1 + q + s/(2h)), r = kv_channels*heads/h, q = query groups/heads. Multi-latent
+    attention (n heads, latents r_q, r_kv): 6*[r_q(h + n(d_nope + d_rope) + 1) (h.n(d_nope + d_rope) without
+    r_q) + r_kv(h + n(d_nope + d_v) + 1) + h.d_rope + n.d_v.h] + 6*s*n*(d_nope + d_rope + d_v)/2, as
+    Megatron-LM counts it (the +1: the latent norms)."""
+    s, h, heads = args.seq_length, args.hidden_size, args.num_attention_heads
+    if getattr(args, "multi_latent_attention", False):
+        q_head = args.qk_head_dim + args.qk_pos_emb_head_dim
+        if args.q_lora_rank is None:
+            queries = h * heads * q_head
+        else:
+            queries = args.q_lora_rank * (h + heads * q_head + 1)
+        keys_values = args.kv_lora_rank * (h + heads * (args.qk_head_dim + args.v_head_dim) + 1)
+        projections = queries + keys_values + h * args.qk_pos_emb_head_dim + heads * args.v_head_dim * h
+        return 6 * projections + 6 * s * heads * (q_head + args.v_head_dim) / 2
+    r = args.kv_channels * heads / h
+    groups = args.num_query_groups if args.group_query_attention else heads
+    return 12 * h * h * r * (1 + groups / heads + s / (2 * h))
 
 
 def peak_tflops() -> float | None:
@@ -119,6 +142,8 @@ class TrainingLogger:
         writer, wandb_writer, interval = self.writer, self.wandb_writer, self.interval
         if args.num_experts is not None:
             loss_dict = {**loss_dict, **_moe_aux_losses(args, batch.num_microbatches)}
+        if args.mtp_num_layers:
+            loss_dict = {**loss_dict, **mtp_losses_for_logging(args.mtp_num_layers, 1.0 / batch.num_microbatches)}
 
         interval.add(loss_dict, skipped_iter, grad_norm)
 
@@ -228,8 +253,10 @@ def _moe_aux_losses(args, num_microbatches: int) -> dict:
     """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
     layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
     names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
-    num_moe_layers = sum(moe_layer_pattern(args.num_layers, args.moe_layer_freq))
-    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / num_microbatches)
+    pattern = moe_layer_pattern(args.num_layers, args.moe_layer_freq)
+    mtp = args.mtp_num_layers or 0  # multi-token prediction layers repeat the last layer's kind
+    num_moe_layers = sum(pattern) + mtp * pattern[-1]
+    return aux_losses_for_logging(names, args.num_layers + mtp, num_moe_layers, 1.0 / num_microbatches)
 
 
 def _format_duration(seconds: float) -> str:
