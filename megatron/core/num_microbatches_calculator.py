@@ -87,10 +87,11 @@ def _batch_size_error(
     return ValueError("\n".join(lines))
 
 
-def _num_microbatches(
+def num_microbatches_for(
     global_batch_size: int, micro_batch_size: int, data_parallel_size: int, decrease_batch_size_if_needed: bool
 ) -> tuple:
-    """(number of microbatches, running global batch size) for one global batch size."""
+    """(number of microbatches, running global batch size) for one global batch size; raises when the global
+    batch is no whole number of microbatches (or, with `decrease_batch_size_if_needed`, smaller than one)."""
     unit = micro_batch_size * data_parallel_size
     running = global_batch_size // unit * unit if decrease_batch_size_if_needed else global_batch_size
     if running % unit or running == 0:
@@ -98,6 +99,19 @@ def _num_microbatches(
             [global_batch_size], micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
         )
     return running // unit, running
+
+
+def ramped_global_batch_size(
+    consumed_samples: int, global_batch_size: int, start: int, increment: int, ramp_samples: int
+) -> int:
+    """The global batch size after `consumed_samples` of a ramp-up from `start` by `increment` over
+    `ramp_samples` samples (the module docstring's formula); `global_batch_size` once the ramp is over."""
+    num_increments = (global_batch_size - start) // increment
+    samples_per_increment = ramp_samples / num_increments if num_increments else 0.0
+    if consumed_samples > ramp_samples or samples_per_increment == 0.0:
+        return global_batch_size
+    # Divided by the float samples-per-increment, as Megatron does: the same rounding gives the same ramp.
+    return start + int(consumed_samples / samples_per_increment) * increment
 
 
 class NumMicroBatchesCalculator(ABC):
@@ -130,7 +144,7 @@ class NumMicroBatchesCalculator(ABC):
 
     def _set_global_batch_size(self, global_batch_size: int) -> None:
         self.current_global_batch_size = global_batch_size
-        self.num_micro_batches, self.current_running_global_batch_size = _num_microbatches(
+        self.num_micro_batches, self.current_running_global_batch_size = num_microbatches_for(
             global_batch_size, self.micro_batch_size, self.data_parallel_size, self.decrease_batch_size_if_needed
         )
 
@@ -206,8 +220,6 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
         self.batch_size_increment = batch_size_increment
         self.ramup_samples = ramup_samples
         self.rank = rank
-        num_increments = (global_batch_size - start_global_batch_size) // batch_size_increment
-        self.rampup_samples_per_increment = ramup_samples / num_increments if num_increments else 0.0
 
         ramp = list(range(start_global_batch_size, global_batch_size + 1, batch_size_increment))
         unit = micro_batch_size * data_parallel_size
@@ -219,11 +231,10 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
         self.update(0, consistency_check=False, verbose=True)
 
     def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
-        if consumed_samples > self.ramup_samples or self.rampup_samples_per_increment == 0.0:
-            global_batch_size = self.global_batch_size
-        else:
-            steps = int(consumed_samples / self.rampup_samples_per_increment)
-            global_batch_size = self.start_global_batch_size + steps * self.batch_size_increment
+        global_batch_size = ramped_global_batch_size(
+            consumed_samples, self.global_batch_size, self.start_global_batch_size, self.batch_size_increment,
+            self.ramup_samples,
+        )
         previous = self.current_global_batch_size
         self._set_global_batch_size(global_batch_size)
         if verbose and self.rank == 0 and previous != global_batch_size:

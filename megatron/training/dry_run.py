@@ -11,6 +11,7 @@ per GPU, tokens and FLOPs per iteration, and memory per GPU with and without ful
 full recomputation, is an error (exit status 1).
 """
 
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.memory_estimate import GIB, estimate_memory, parameters_per_rank, total_parameters
 from megatron.training.training_log import num_floating_point_operations
 
@@ -26,7 +27,7 @@ def _in_unit(value: int, unit: int) -> str:
 
 def dry_run_report(args) -> str:
     """The dry run's text for validated `args` (with `padded_vocab_size` set)."""
-    microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    microbatches = BatchPlan.from_args(args).num_microbatches
     per_rank = parameters_per_rank(args)
     total = total_parameters(args)
     estimate = estimate_memory(args, microbatches)
@@ -63,8 +64,7 @@ def dry_run(args) -> None:
     if getattr(args, "padded_vocab_size", None) is None:
         build_tokenizer(args)
     print(dry_run_report(args), flush=True)
-    microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
-    estimate = estimate_memory(args, microbatches)
+    estimate = estimate_memory(args, BatchPlan.from_args(args).num_microbatches)
     smallest = min(estimate.total, estimate.total_full_recompute)
     if smallest > LARGEST_GPU_BYTES:
         raise ValueError(

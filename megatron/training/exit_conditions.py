@@ -20,8 +20,12 @@ from megatron.training.console import print_rank_0
 
 
 class ExitConditions:
-    def __init__(self, args, start_time: float | None = None):
+    """The decisions of the module docstring for one run; `device` holds the tensors of its collectives (the
+    current GPU under NCCL, else the CPU)."""
+
+    def __init__(self, args, start_time: float | None = None, device=None):
         self.args = args
+        self.device = device if device is not None else collective_device()
         self.start_time = time.time() if start_time is None else start_time
         self.signal_received = False
         if args.exit_signal_handler:
@@ -31,9 +35,8 @@ class ExitConditions:
     def _on_signal(self, signum, frame) -> None:
         self.signal_received = True
 
-    @staticmethod
-    def _any_rank(flag: bool) -> bool:
-        value = torch.tensor([int(flag)], dtype=torch.int32, device=collective_device())
+    def _any_rank(self, flag: bool) -> bool:
+        value = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
@@ -53,7 +56,7 @@ class ExitConditions:
             saved = True
 
         if args.exit_duration_in_mins:
-            minutes = torch.tensor([(time.time() - self.start_time) / 60.0], dtype=torch.float64, device=collective_device())
+            minutes = torch.tensor([(time.time() - self.start_time) / 60.0], dtype=torch.float64, device=self.device)
             dist.all_reduce(minutes, op=dist.ReduceOp.MAX)
             if minutes.item() > args.exit_duration_in_mins:
                 if args.save and not saved:

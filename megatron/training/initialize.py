@@ -17,15 +17,30 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.timers import Timers
+from megatron.core.tokenizers import construct_tokenizer, padded_vocab_size
 from megatron.training import global_vars
 from megatron.training.arguments import parse_args, validate_args
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpointing import load_args_from_checkpoint
-from megatron.core.tokenizers import build_tokenizer
 from megatron.training.console import print_rank_0
 from megatron.training.determinism import apply_deterministic_mode
+
+
+def parse_and_validate_args(extra_args_provider=None, args_defaults: dict | None = None,
+                            ignore_unknown_args: bool = False):
+    """The command line parsed and validated, and made the run's `get_args()` (Megatron-LM's
+    `parse_and_validate_args`); with --use-checkpoint-args the model's shape comes from the checkpoint, before
+    validation derives anything."""
+    args = parse_args(extra_args_provider, ignore_unknown_args)
+    if args.use_checkpoint_args or (args_defaults or {}).get("use_checkpoint_args", False):
+        if args.load is None:
+            raise ValueError("--use-checkpoint-args needs --load")
+        args, _ = load_args_from_checkpoint(args)
+    validate_args(args, args_defaults or {})
+    global_vars.set_args(args)
+    return args
 
 
 def initialize_megatron(
@@ -38,16 +53,12 @@ def initialize_megatron(
     get_position_embedding_ranks=None,
     parsed_args=None,
 ):
-    """Parses and validates the command line (unless `parsed_args`), then sets up everything a run needs."""
+    """Sets up everything a run needs from validated arguments (`parsed_args`, else the command line's):
+    torch.distributed and the parallel groups, seeds, the microbatch calculator, the tokenizer, timers and
+    writers. With `skip_mpu_initialization` it stops after the arguments. Returns the arguments."""
     args = parsed_args
     if args is None:
-        args = parse_args(extra_args_provider, ignore_unknown_args)
-        if args.use_checkpoint_args or (args_defaults or {}).get("use_checkpoint_args", False):
-            # The model shape comes from the checkpoint, before validation derives anything from it.
-            if args.load is None:
-                raise ValueError("--use-checkpoint-args needs --load")
-            args, _ = load_args_from_checkpoint(args)
-        validate_args(args, args_defaults or {})
+        args = parse_and_validate_args(extra_args_provider, args_defaults, ignore_unknown_args)
     global_vars.set_args(args)
     if skip_mpu_initialization:
         return args
@@ -57,15 +68,12 @@ def initialize_megatron(
 
     _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ranks)
     set_random_seed(args.seed, args.data_parallel_random_init)
-    init_num_microbatches_calculator(
-        dist.get_rank(),
-        args.rampup_batch_size,
-        args.global_batch_size,
-        args.micro_batch_size,
-        args.data_parallel_size,
-        args.decrease_batch_size_if_needed,
-    )
-    global_vars.set_tokenizer(build_tokenizer(args))
+    BatchPlan.from_args(args).install(dist.get_rank())
+    tokenizer = construct_tokenizer(args)
+    # The model's vocabulary rows, decided once here; model providers (ours and those written for
+    # Megatron-LM) read them as args.padded_vocab_size.
+    args.padded_vocab_size = padded_vocab_size(args, tokenizer)
+    global_vars.set_tokenizer(tokenizer)
     global_vars.set_timers(Timers(args.timing_log_level, args.timing_log_option))
     _set_writers(args)
     return args

@@ -7,8 +7,16 @@ bias, RMSNorm not):
 
     norms 2h (+2h)   QKV h(q+2k) (+q+2k)   proj qh (+h)   fc1 h.f.g (+f.g)   fc2 f.h (+h)
 
+(+ the q and k norms of kv_channels each with --qk-layernorm). Multi-latent attention (n heads, d_nope + d_rope
+query/key and d_v value channels, latents r_q and r_kv) has instead of QKV and proj
+
+    q: h.r_q replicated + r_q.n(d_nope + d_rope) split (or h.n(d_nope + d_rope) split without r_q)
+    kv: h(r_kv + d_rope) replicated + r_kv.n(d_nope + d_v) split      proj: n.d_v.h split
+    norms (with --qk-layernorm) r_q + r_kv replicated
+
 The QKV, proj, fc1 and fc2 weights and the column-parallel biases are split over TP; norms and the
-row-parallel biases are replicated. Embeddings: V.h word (split over TP), max_pos.h learned positions;
+row-parallel biases are replicated. Each of the --mtp-num-layers multi-token-prediction depths (last stage) is
+a layer of the last layer's kind, eh_proj 2h.h (split) and three norms. Embeddings: V.h word (split over TP), max_pos.h learned positions;
 the output layer is another V.h when untied (or, tied under PP, the last stage's copy of the embedding).
 
 A MoE layer (--num-experts E, the layers --moe-layer-freq picks) has, instead of fc1/fc2, a router E.h
@@ -22,12 +30,12 @@ counted (~0.6% of BERT-large); the banner counts the built model itself.
 Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients accumulate in fp32, else
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) or SGD momentum 4, divided by
-DP with the distributed optimizer. Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16
-moments it is 2 + 4 + 8. With FSDP sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads and
-optim_grads_params) the fp32 shards are the main params: 4 (weight) + 4 (gradient) + the moments, all divided
-by DP x CP, and with optim_grads (or --torch-fsdp2-no-reshard-after-forward) the weights gathered in the compute
-dtype (2 or 4) from forward to backward on top; the gathered params of the one or two layers computing under
-ZeRO-3 are not counted.
+DP with the distributed optimizer (the routed experts' by expert-DP = world / (EP x expert-TP x PP)).
+Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16 moments it is 2 + 4 + 8. With FSDP
+sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads and optim_grads_params) the fp32 shards
+are the main params: 4 (weight) + 4 (gradient) + the moments, all divided by DP x CP, and with optim_grads (or
+--torch-fsdp2-no-reshard-after-forward) the weights gathered in the compute dtype (2 or 4) from forward to
+backward on top; the gathered params of the one or two layers computing under ZeRO-3 are not counted.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
 (s sequence, b micro batch, B bytes of the activation dtype; masks are 1 byte; fused SDPA attention keeps
@@ -35,8 +43,10 @@ no s x s matrix):
 
     replicated over TP (split with --sequence-parallel):
         norm inputs and outputs 4 . s.b.h.B    + 2 hidden-dropout masks (kept in the activation dtype) 2 . s.b.h.B
+        multi-latent attention's latents (`_attention_activation_widths`)
     split over TP:
-        q, k, v and the attention output (q + 2k + q)/h . s.b.h.B
+        the fused QKV output and the attention output (q + 2k + q)/h . s.b.h.B, more with RoPE, --qk-layernorm
+        and multi-latent attention (`_attention_activation_widths`)
         fc1 output and activation output (f.g + f)/h . s.b.h.B, with SwiGLU also SiLU(a) and its sigmoid 2f/h
 
 Measured on CPU with saved-tensor hooks, this is exactly what a layer keeps. Backward adds a working set
@@ -49,7 +59,9 @@ no fused kernel that applies it (the CPU), which then keeps s x s probabilities 
 
 A MoE layer keeps, instead of the MLP's, for its t.topk/EP routed rows (balanced routing): the permuted
 input, the experts' fc1 and activation outputs, the expert output before and after weighting, and the
-router's fp32 logits and probabilities (measured on CPU: within 1% of what the layer saves). A T5 decoder
+router's fp32 logits and probabilities (measured on CPU: within 1% of what the layer saves), and its shared
+expert's MLP activations. Each multi-token-prediction depth keeps a layer's activations, its embedding, norm
+and eh_proj inputs (5 . s.b.h.B) and its logits. A T5 decoder
 layer also keeps its cross-attention's norm, q, k, v (over the encoder's tokens) and output; T5's
 activations are this model's arithmetic, not checked against a measurement.
 """
@@ -101,19 +113,55 @@ def _mlp_parameters(args, ffn: int) -> tuple[int, int]:
     return split, replicated
 
 
-def _layer_parameters(args, moe: bool = False, cross_attention: bool = False) -> tuple[int, int, int]:
-    """(split over TP, replicated, split over EP x expert-TP) parameters of one transformer layer."""
-    h = args.hidden_size
+def _query_key_widths(args) -> tuple[int, int]:
+    """(q, k): the query width kv_channels x heads and the key (or value) width kv_channels x query groups."""
     heads = args.num_attention_heads
     groups = args.num_query_groups if args.group_query_attention else heads
-    q, k = args.kv_channels * heads, args.kv_channels * groups
-    split = h * (q + 2 * k) + q * h
-    replicated = 2 * _norm(args)
+    return args.kv_channels * heads, args.kv_channels * groups
+
+
+def _latent_attention_parameters(args) -> tuple[int, int]:
+    """(split over TP, replicated) parameters of multi-latent attention (module docstring)."""
+    h, heads, rope, latent = args.hidden_size, args.num_attention_heads, args.qk_pos_emb_head_dim, args.kv_lora_rank
+    q_head = args.qk_head_dim + rope
+    split = latent * heads * (args.qk_head_dim + args.v_head_dim) + heads * args.v_head_dim * h
+    replicated = h * (latent + rope)
+    norms = latent
+    if args.q_lora_rank is None:
+        split += h * heads * q_head
+    else:
+        split += args.q_lora_rank * heads * q_head
+        replicated += h * args.q_lora_rank
+        norms += args.q_lora_rank
+    if args.qk_layernorm:
+        replicated += norms * (1 if args.normalization == "RMSNorm" else 2)
+    return split, replicated
+
+
+def _attention_parameters(args) -> tuple[int, int]:
+    """(split over TP, replicated) parameters of a layer's self-attention, biases and q/k norms included."""
+    if getattr(args, "multi_latent_attention", False):
+        split, replicated = _latent_attention_parameters(args)
+        return split, replicated + (args.hidden_size if args.add_bias_linear else 0)
+    h = args.hidden_size
+    q, k = _query_key_widths(args)
+    split, replicated = h * (q + 2 * k) + q * h, 0
     if args.add_bias_linear:
         split += q + 2 * k
         replicated += h
     elif getattr(args, "add_qkv_bias", False):
         split += q + 2 * k
+    if args.qk_layernorm:  # one norm of kv_channels for the query heads, one for the key heads
+        replicated += 2 * args.kv_channels * (1 if args.normalization == "RMSNorm" else 2)
+    return split, replicated
+
+
+def _layer_parameters(args, moe: bool = False, cross_attention: bool = False) -> tuple[int, int, int]:
+    """(split over TP, replicated, split over EP x expert-TP) parameters of one transformer layer."""
+    h = args.hidden_size
+    q, k = _query_key_widths(args)
+    split, replicated = _attention_parameters(args)
+    replicated += 2 * _norm(args)
     if cross_attention:  # T5 decoder: q from the decoder, k and v from the encoder output
         split += h * q + 2 * h * k + q * h + ((q + 2 * k) if args.add_bias_linear else 0)
         replicated += _norm(args) + (h if args.add_bias_linear else 0)
@@ -163,29 +211,45 @@ def _outside_layers(args) -> tuple[int, int]:
     return _norm(args), words if args.untie_embeddings_and_output_weights else 0
 
 
+def _mtp_parameters(args) -> tuple[int, int, int]:
+    """(split over TP, replicated, split over EP x expert-TP) parameters of the multi-token-prediction depths:
+    each a layer of the last layer's kind, eh_proj 2h.h and three norms (enorm, hnorm, final)."""
+    depths = getattr(args, "mtp_num_layers", None) or 0
+    if not depths:
+        return 0, 0, 0
+    split, replicated, experts = _layers(args)[-1]
+    h = args.hidden_size
+    return depths * (split + 2 * h * h), depths * (replicated + 3 * _norm(args)), depths * experts
+
+
 def total_parameters(args) -> int:
     """Parameters of the whole model, each counted once."""
     words, positions = _embedding_parameters(args)
     norms, output = _outside_layers(args)
-    return sum(map(sum, _layers(args))) + words + positions + norms + output
+    return sum(map(sum, _layers(args))) + sum(_mtp_parameters(args)) + words + positions + norms + output
 
 
-def parameters_per_rank(args) -> dict:
+def parameters_per_rank(args, experts_only: bool = False) -> dict:
     """{"first stage": n, "last stage": n} parameters on one TP (and EP) rank of the first and last pipeline
-    stages (T5 runs at PP 1)."""
+    stages (T5 runs at PP 1); with `experts_only` those of the routed experts alone."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     experts_share = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or tp)
+    dense = 0 if experts_only else 1
     layers = _layers(args)
     per_stage = len(layers) // pp
 
     def stage(index: int) -> int:
-        return sum(split // tp + replicated + experts // experts_share
+        return sum(dense * (split // tp + replicated) + experts // experts_share
                    for split, replicated, experts in layers[index * per_stage:(index + 1) * per_stage])
 
     words, positions = _embedding_parameters(args)
     norms, output = _outside_layers(args)
-    first = stage(0) + words // tp + positions
-    last_output = output // tp if (output or pp == 1) else words // tp  # tied under PP: the last stage's copy
+    mtp_split, mtp_replicated, mtp_experts = _mtp_parameters(args)
+    norms = dense * (norms + mtp_split // tp + mtp_replicated) + mtp_experts // experts_share  # the last stage's
+    first = stage(0) + dense * (words // tp + positions)
+    last_output = dense * (output // tp if (output or pp == 1) else words // tp)  # tied under PP: the last copy
+    if output and pp > 1 and mtp_split:  # untied: MTP's copy of the word embedding on the last stage too
+        last_output += dense * words // tp
     if pp == 1:
         return {"first stage": first + norms + last_output, "last stage": first + norms + last_output}
     return {"first stage": first, "last stage": stage(pp - 1) + norms + last_output}
@@ -201,12 +265,12 @@ def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens
     decoder layer's cross-attention over `encoder_tokens` adds its norm, q, k, v and output."""
     h, B = args.hidden_size, 2 if (args.fp16 or args.bf16) else 4
     tp = args.tensor_model_parallel_size
-    heads = args.num_attention_heads
-    groups = args.num_query_groups if args.group_query_attention else heads
-    q, k = args.kv_channels * heads, args.kv_channels * groups
+    q, k = _query_key_widths(args)
     replicated_share = tp if args.sequence_parallel else 1
     masks = 2 * tokens * h * B if args.hidden_dropout > 0 else 0
-    kept = (4 * tokens * h * B + masks) // replicated_share + tokens * (q + 2 * k + q) * B // tp
+    attention_split, attention_replicated = _attention_activation_widths(args)
+    kept = (4 * tokens * h * B + masks + tokens * attention_replicated * B) // replicated_share
+    kept += tokens * attention_split * B // tp
     if encoder_tokens:
         kept += (2 * tokens * h * B + (masks // 2)) // replicated_share
         kept += (tokens * 2 * q + encoder_tokens * 2 * k) * B // tp
@@ -218,11 +282,36 @@ def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens
         gate = 2 if args.swiglu else 1
         kept += rows * (f * gate + f + (f if args.swiglu else 0)) * B // (args.expert_tensor_parallel_size or tp)
         kept += 3 * rows * h * B + 2 * tokens * args.num_experts * 4
+        if args.moe_shared_expert_intermediate_size:
+            kept += tokens * _mlp_activation_width(args, args.moe_shared_expert_intermediate_size) * B // tp
     else:
-        f, gate = args.ffn_hidden_size, 2 if args.swiglu else 1
-        # fc1 and activation outputs; with SwiGLU also SiLU(a) and its sigmoid, beside a, b and SiLU(a) * b
-        kept += tokens * (f * gate + f + (2 * f if args.swiglu else 0)) * B // tp
+        kept += tokens * _mlp_activation_width(args, args.ffn_hidden_size) * B // tp
     return kept
+
+
+def _mlp_activation_width(args, f: int) -> int:
+    """Kept width of an MLP of width f: fc1 and activation outputs; with SwiGLU also SiLU(a) and its sigmoid,
+    beside a, b and SiLU(a) * b."""
+    return 5 * f if args.swiglu else 2 * f
+
+
+def _attention_activation_widths(args) -> tuple[int, int]:
+    """(split over TP, replicated over TP) widths per token that a layer's self-attention keeps.
+
+    Standard: the fused QKV output (q + 2k, alive through the value view), with --qk-layernorm the query heads
+    gathered out of it and the normalised q and k (2q + k), the rotated q and k with RoPE, the output q. Multi-latent attention (n heads of
+    d = d_nope + d_rope; values zero-padded to d for core attention): query, key, padded value and padded
+    output [n.d] each, the output cut to [n.d_v]; replicated, the q latent and the kv latent with k_rope
+    (r_q + r_kv + d_rope), and with --qk-layernorm the norms' outputs (r_q + r_kv)."""
+    if getattr(args, "multi_latent_attention", False):
+        heads, q_head = args.num_attention_heads, args.qk_head_dim + args.qk_pos_emb_head_dim
+        latents = args.kv_lora_rank + args.qk_pos_emb_head_dim + (args.q_lora_rank or 0)
+        normed = (args.kv_lora_rank + (args.q_lora_rank or 0)) if args.qk_layernorm else 0
+        return heads * (4 * q_head + args.v_head_dim), latents + normed
+    q, k = _query_key_widths(args)
+    normed = 2 * q + k if args.qk_layernorm else 0
+    rotated = q + k if args.position_embedding_type == "rope" else 0
+    return q + 2 * k + normed + rotated + q, 0
 
 
 def _activation_bytes(args) -> tuple[int, int]:
@@ -252,6 +341,10 @@ def _activation_bytes(args) -> tuple[int, int]:
                                    * gate * B // (args.expert_tensor_parallel_size or tp))
     logits = decoder_tokens * args.padded_vocab_size // tp * (B + 4 + 4) if pp == 1 else 0
     outside = 3 * tokens * h * B + logits + backward_working_set
+    depths = getattr(args, "mtp_num_layers", None) or 0
+    if depths and pp == 1:  # each depth: a layer, its embedding, norms and eh_proj input (5 t.h), its logits
+        outside += depths * (_layer_activation_bytes(args, tokens, moe=bool(moe_layers and moe_layers[-1]))
+                             + 5 * tokens * h * B // replicated_share + logits)
     full = inputs // replicated_share + max(layers) + outside
     return sum(layers) + outside, full
 
@@ -267,8 +360,14 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
     weights, gradients = parameters * (2 if mixed else 4), parameters * grad_bytes
-    if args.use_distributed_optimizer:
-        optimizer //= args.data_parallel_size
+    if args.use_distributed_optimizer:  # dense state sharded over DP, the experts' over expert-DP
+        experts = parameters_per_rank(args, experts_only=True)["first stage"]
+        expert_data_parallel = args.world_size // (
+            args.expert_model_parallel_size * (args.expert_tensor_parallel_size or args.tensor_model_parallel_size)
+            * args.pipeline_model_parallel_size)
+        per_parameter = state_bytes + (4 if mixed else 0)
+        optimizer = ((parameters - experts) * per_parameter // args.data_parallel_size
+                     + experts * per_parameter // max(expert_data_parallel, 1))
     ddp_config = ddp_config_from_args(args)
     if shards_params(ddp_config):
         shards = args.data_parallel_size * args.context_parallel_size

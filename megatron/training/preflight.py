@@ -17,7 +17,6 @@ where they wait for rank 0, and torchrun stops them when rank 0 exits with the e
 rewrite changes the arguments, so it runs on every rank.
 """
 
-import copy
 import os
 import re
 from types import SimpleNamespace
@@ -34,9 +33,11 @@ from megatron.core.datasets.split import (
 )
 from megatron.core.datasets.tokenizer_record import check_dataset_tokenizer, tokenizer_fingerprint
 from megatron.core.tokenizers.build import tokenizer_problems
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpoint.layout import TRACKER_FILENAME
 from megatron.training.checkpoint.save_lock import acquire_save_lock
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
+from megatron.training.train_schedule import TrainingSchedule
 
 _ITERATION_DIRECTORY = re.compile(r"iter_(\d{7})")
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -71,22 +72,14 @@ def _check_lengths(args, problems) -> None:
 
 
 def _check_schedule(args, problems) -> None:
-    """Builds the run's learning-rate scheduler over a stand-in optimizer: its own validation, early.
-
-    It is built from a copy of the arguments: building it derives --train-iters from --train-samples, and
-    the real scheduler must start from the arguments as given."""
-    if args.skip_train or (args.train_iters is None and args.rampup_batch_size is not None):
-        return  # a batch ramp-up needs the microbatch calculator, which exists only after initialisation
-    from megatron.training import global_vars
-    from megatron.training.training import get_optimizer_param_scheduler
-
-    global_vars.set_args(copy.copy(args))
+    """Builds the run's learning-rate scheduler over a stand-in optimizer: its own validation, early."""
+    if args.skip_train:
+        return
     try:
-        get_optimizer_param_scheduler(SimpleNamespace(param_groups=[{}]))
+        schedule = TrainingSchedule.from_args(args, BatchPlan.from_args(args))
+        schedule.build_scheduler(SimpleNamespace(param_groups=[{}]), args)
     except ValueError as error:
         problems.append(str(error))
-    finally:
-        global_vars.set_args(args)
 
 
 def _is_number(text: str) -> bool:

@@ -29,12 +29,14 @@ def progress_bar(iteration: int, total: int, width: int = BAR_WIDTH) -> str:
 class ProgressLog:
     """`--log-progress`: appends job events to `<save>/progress.txt` (rank 0; a no-op without --save)."""
 
-    def __init__(self, args):
+    def __init__(self, args, start_flops: float):
+        """`start_flops`: the run's floating-point operations when this job started (a resumed run's are not
+        this job's)."""
         self.enabled = bool(args.log_progress and args.save)
         self.world_size = args.world_size
         self.seq_length = args.seq_length
         self.start_time = time.time()
-        self.start_flops = args.num_floating_point_operations_so_far
+        self.start_flops = start_flops
         self.filename = os.path.join(args.save, "progress.txt") if self.enabled else None
 
     def _append(self, text: str) -> None:
@@ -48,13 +50,14 @@ class ProgressLog:
     def job_started(self) -> None:
         self._append("Starting job")
 
-    def checkpoint_saved(self, iteration: int, args) -> None:
+    def checkpoint_saved(self, state) -> None:
+        """A checkpoint of the run's `TrainState` `state` was saved."""
         elapsed = max(time.time() - self.start_time, 1e-9)
-        job_flops = args.num_floating_point_operations_so_far - self.start_flops
-        tokens = args.consumed_train_samples * self.seq_length
+        job_flops = state.num_floating_point_operations_so_far - self.start_flops
+        tokens = state.consumed_train_samples * self.seq_length
         self._append(
-            f"Saved checkpoint\tIteration: {iteration}\tJob throughput: "
+            f"Saved checkpoint\tIteration: {state.iteration}\tJob throughput: "
             f"{job_flops / elapsed / self.world_size / 1e12:.3f} TFLOP/s/GPU\t"
-            f"Floating-point operations: {args.num_floating_point_operations_so_far:.2e}\t"
+            f"Floating-point operations: {state.num_floating_point_operations_so_far:.2e}\t"
             f"Tokens (in billions): {tokens / 10**9:.2f}"
         )

@@ -10,14 +10,14 @@ from datetime import datetime
 
 import torch
 
-from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import get_current_running_global_batch_size, get_num_microbatches
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
+from megatron.training.batch_plan import StepBatch
+from megatron.core.transformer.multi_token_prediction import mtp_losses_for_logging
 from megatron.training.console import print_rank_last
-from megatron.training.global_vars import get_args, get_tensorboard_writer, get_timers, get_wandb_writer
 from megatron.training.profiling import dump_memory_snapshot
 from megatron.training.progress import progress_bar
+from megatron.training.train_state import TrainState
 
 # Dense (not sparse) bf16 peaks, TFLOP/s, by a substring of `torch.cuda.get_device_name()`.
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -26,26 +26,48 @@ _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10
 def num_floating_point_operations(args, batch_size: int) -> float:
     """Model FLOPs of one iteration (forward + backward) of a GPT, Megatron's formula:
 
-        B*s*[12*h*f*g + 12*L*h^2*r*(1 + q + s/(2h)) + 6*h*V]
+        B*s*[12*h*f*g + L*A + 6*h*V*(1 + D) + 6*D*(3h + 2h^2)]
 
-    B sequences, s tokens, L layers, h hidden, g = 1.5 with SwiGLU (three GEMMs of f) else 1,
-    r = kv_channels*heads/h, q = query groups/heads, V padded vocab; attention counted causally (s/2h).
-    f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers count
-    ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible).
+    B sequences, s tokens, L layers, h hidden, g = 1.5 with SwiGLU (three GEMMs of f) else 1, V padded
+    vocab, D multi-token-prediction depths (each a layer of the last layer's kind with its own logits and
+    eh_proj). f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers
+    count ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible). A is
+    one layer's attention per token (`_attention_flops_per_token`), counted causally.
     """
     s, h, L = args.seq_length, args.hidden_size, args.num_layers
-    f = L * args.ffn_hidden_size
+    depths = getattr(args, "mtp_num_layers", None) or 0
+    widths = [args.ffn_hidden_size] * L
     if getattr(args, "num_experts", None) is not None:
-        moe_layers = sum(moe_layer_pattern(L, args.moe_layer_freq))
         moe_width = args.moe_router_topk * args.moe_ffn_hidden_size + (args.moe_shared_expert_intermediate_size or 0)
-        f = (L - moe_layers) * args.ffn_hidden_size + moe_layers * moe_width
+        widths = [moe_width if is_moe else args.ffn_hidden_size for is_moe in moe_layer_pattern(L, args.moe_layer_freq)]
+    f = sum(widths) + depths * widths[-1]
     g = 1.5 if args.swiglu else 1.0
-    r = args.kv_channels * args.num_attention_heads / h
-    groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
-    q = groups / args.num_attention_heads
     return batch_size * s * (
-        12 * h * f * g + 12 * L * h * h * r * (1 + q + s / (2 * h)) + 6 * h * args.padded_vocab_size
+        12 * h * f * g + (L + depths) * _attention_flops_per_token(args)
+        + 6 * h * args.padded_vocab_size * (1 + depths) + 6 * depths * (3 * h + 2 * h * h)
     )
+
+
+def _attention_flops_per_token(args) -> float:
+    """Forward + backward FLOPs of one layer's self-attention per token (3 x 2 x the multiply-adds), causal.
+
+    Standard: 12*h^2*r*(1 + q + s/(2h)), r = kv_channels*heads/h, q = query groups/heads. Multi-latent
+    attention (n heads, latents r_q, r_kv): 6*[r_q(h + n(d_nope + d_rope) + 1) (h.n(d_nope + d_rope) without
+    r_q) + r_kv(h + n(d_nope + d_v) + 1) + h.d_rope + n.d_v.h] + 6*s*n*(d_nope + d_rope + d_v)/2, as
+    Megatron-LM counts it (the +1: the latent norms)."""
+    s, h, heads = args.seq_length, args.hidden_size, args.num_attention_heads
+    if getattr(args, "multi_latent_attention", False):
+        q_head = args.qk_head_dim + args.qk_pos_emb_head_dim
+        if args.q_lora_rank is None:
+            queries = h * heads * q_head
+        else:
+            queries = args.q_lora_rank * (h + heads * q_head + 1)
+        keys_values = args.kv_lora_rank * (h + heads * (args.qk_head_dim + args.v_head_dim) + 1)
+        projections = queries + keys_values + h * args.qk_pos_emb_head_dim + heads * args.v_head_dim * h
+        return 6 * projections + 6 * s * heads * (q_head + args.v_head_dim) / 2
+    r = args.kv_channels * heads / h
+    groups = args.num_query_groups if args.group_query_attention else heads
+    return 12 * h * h * r * (1 + groups / heads + s / (2 * h))
 
 
 def peak_tflops() -> float | None:
@@ -97,136 +119,129 @@ class _Interval:
                 self.losses[key] = self.losses.get(key, 0.0) + value.detach()
 
 
-_interval = _Interval()
+class TrainingLogger:
+    """The per-iteration scalars and the per-interval console line of one run.
 
+    `train_iters` is the run's length (the progress and time-remaining fields); `writer` / `wandb_writer` the
+    TensorBoard and W&B writers (None where there are none: every rank but the last)."""
 
-def training_log(
-    loss_dict: dict,
-    learning_rate: float,
-    iteration: int,
-    loss_scale,
-    skipped_iter: int,
-    grad_norm,
-    num_zeros_in_grad,
-    params_norm=None,
-    decoupled_learning_rate=None,
-) -> None:
-    """Accumulates this iteration and, every `--log-interval` iterations, prints the console line.
+    def __init__(self, args, timers, train_iters: int, data_parallel_rank: int, writer=None, wandb_writer=None):
+        self.args, self.timers, self.train_iters = args, timers, train_iters
+        self.data_parallel_rank = data_parallel_rank
+        self.writer, self.wandb_writer = writer, wandb_writer
+        self.interval = _Interval()
 
-    `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
-    converted only where written, so an iteration that logs nothing queues no host sync."""
-    args, timers = get_args(), get_timers()
-    writer, wandb_writer = get_tensorboard_writer(), get_wandb_writer()
-    interval = _interval
-    if args.num_experts is not None:
-        loss_dict = {**loss_dict, **_moe_aux_losses(args)}
+    def log(self, state: TrainState, batch: StepBatch, loss_dict: dict, learning_rate: float, loss_scale,
+            skipped_iter, grad_norm, num_zeros_in_grad, params_norm=None, decoupled_learning_rate=None) -> None:
+        """Accumulates the iteration `state.iteration` just finished (`batch` its batch) and, every
+        `--log-interval` iterations, prints the console line.
 
-    interval.add(loss_dict, skipped_iter, grad_norm)
+        `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
+        converted only where written, so an iteration that logs nothing queues no host sync."""
+        args, timers, iteration = self.args, self.timers, state.iteration
+        writer, wandb_writer, interval = self.writer, self.wandb_writer, self.interval
+        if args.num_experts is not None:
+            loss_dict = {**loss_dict, **_moe_aux_losses(args, batch.num_microbatches)}
+        if args.mtp_num_layers:
+            loss_dict = {**loss_dict, **mtp_losses_for_logging(args.mtp_num_layers, 1.0 / batch.num_microbatches)}
 
-    batch_size = get_current_running_global_batch_size()
-    if writer is not None and iteration % args.tensorboard_log_interval == 0:
-        samples = args.consumed_train_samples
-        scalars = {"batch-size": batch_size}
-        if args.log_learning_rate_to_tensorboard:
-            scalars["learning-rate"] = learning_rate
-        if args.log_loss_scale_to_tensorboard:
-            scalars["loss-scale"] = float(loss_scale)
-        scalars.update({key: float(value) for key, value in loss_dict.items()})
-        if grad_norm is not None:
-            scalars["grad-norm"] = float(grad_norm)
-        if num_zeros_in_grad is not None:
-            scalars["num-zeros"] = float(num_zeros_in_grad)
-        if params_norm is not None:
-            scalars["params-norm"] = float(params_norm)
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, iteration)
-            writer.add_scalar(tag + " vs samples", value, samples)
-        if args.log_world_size_to_tensorboard:
-            writer.add_scalar("world-size", args.world_size, iteration)
-        if args.log_memory_to_tensorboard and torch.cuda.is_available():
-            for tag, value in _cuda_memory_scalars().items():
+        interval.add(loss_dict, skipped_iter, grad_norm)
+
+        batch_size = batch.running_global_batch_size
+        if writer is not None and iteration % args.tensorboard_log_interval == 0:
+            samples = state.consumed_train_samples
+            scalars = {"batch-size": batch_size}
+            if args.log_learning_rate_to_tensorboard:
+                scalars["learning-rate"] = learning_rate
+            if args.log_loss_scale_to_tensorboard:
+                scalars["loss-scale"] = float(loss_scale)
+            scalars.update({key: float(value) for key, value in loss_dict.items()})
+            if grad_norm is not None:
+                scalars["grad-norm"] = float(grad_norm)
+            if num_zeros_in_grad is not None:
+                scalars["num-zeros"] = float(num_zeros_in_grad)
+            if params_norm is not None:
+                scalars["params-norm"] = float(params_norm)
+            for tag, value in scalars.items():
                 writer.add_scalar(tag, value, iteration)
-        if wandb_writer is not None:
-            wandb_writer.log(scalars, iteration)
+                writer.add_scalar(tag + " vs samples", value, samples)
+            if args.log_world_size_to_tensorboard:
+                writer.add_scalar("world-size", args.world_size, iteration)
+            if args.log_memory_to_tensorboard and torch.cuda.is_available():
+                for tag, value in _cuda_memory_scalars().items():
+                    writer.add_scalar(tag, value, iteration)
+            if wandb_writer is not None:
+                wandb_writer.log(scalars, iteration)
 
-    if iteration % args.log_interval != 0:
-        return
+        if iteration % args.log_interval != 0:
+            return
 
-    dump_memory_snapshot(args)
-    iterations = interval.iterations
-    elapsed = timers("interval-time").elapsed(barrier=True)
-    seconds_per_iteration = elapsed / max(iterations, 1)
-    tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
-    tflops_per_gpu = num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12 / args.world_size
-    if writer is not None:
-        if args.log_timers_to_tensorboard:
-            writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
-        if args.log_throughput and args.log_timers_to_tensorboard:
-            writer.add_scalar("throughput", tflops_per_gpu, iteration)
-        writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
+        dump_memory_snapshot(args)
+        iterations = interval.iterations
+        elapsed = timers("interval-time").elapsed(barrier=True)
+        seconds_per_iteration = elapsed / max(iterations, 1)
+        tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
+        tflops_per_gpu = (num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12
+                          / args.world_size)
+        if writer is not None:
+            if args.log_timers_to_tensorboard:
+                writer.add_scalar("iteration-time", seconds_per_iteration, iteration)
+            if args.log_throughput and args.log_timers_to_tensorboard:
+                writer.add_scalar("throughput", tflops_per_gpu, iteration)
+            writer.add_scalar("tokens-per-second-per-gpu", tokens_per_gpu, iteration)
 
-    fields = [
-        f"iteration {iteration:8d}/{args.train_iters:8d}",
-        f"consumed samples: {args.consumed_train_samples:12d}",
-        f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
-        f"tokens/s/GPU: {tokens_per_gpu:.0f}",
-        f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
-    ]
-    peak = peak_tflops()
-    if peak is not None:
-        fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
-    remaining = (args.train_iters - iteration) * seconds_per_iteration
-    if sys.stdout.isatty():
-        fields.append(progress_bar(iteration, args.train_iters))
-    fields.append(f"time remaining: {_format_duration(remaining)}")
-    fields.append(f"learning rate: {learning_rate:.6E}")
-    if decoupled_learning_rate is not None:
-        fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
-    fields.append(f"global batch size: {batch_size:5d}")
-    advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
-    for key, total in interval.losses.items():
-        average = float(total) / max(advanced, 1)
-        if average > 0.0:
-            fields.append(f"{key}: {average:.6E}")
-    fields.append(f"loss scale: {float(loss_scale):.1f}")
-    if grad_norm is not None:
-        fields.append(f"grad norm: {float(grad_norm):.3f}")
-    if num_zeros_in_grad is not None:
-        fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
-    if params_norm is not None:
-        fields.append(f"params norm: {float(params_norm):.3f}")
-    fields.append(f"number of skipped iterations: {skipped:3d}")
-    fields.append(f"number of nan iterations: {nan:3d}")
-    timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
-    print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
-    interval.reset()
+        fields = [
+            f"iteration {iteration:8d}/{self.train_iters:8d}",
+            f"consumed samples: {state.consumed_train_samples:12d}",
+            f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
+            f"tokens/s/GPU: {tokens_per_gpu:.0f}",
+            f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
+        ]
+        peak = peak_tflops()
+        if peak is not None:
+            fields.append(f"MFU: {100 * tflops_per_gpu / peak:.1f}% (of {peak:.0f} TFLOP/s dense bf16)")
+        remaining = (self.train_iters - iteration) * seconds_per_iteration
+        if sys.stdout.isatty():
+            fields.append(progress_bar(iteration, self.train_iters))
+        fields.append(f"time remaining: {_format_duration(remaining)}")
+        fields.append(f"learning rate: {learning_rate:.6E}")
+        if decoupled_learning_rate is not None:
+            fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
+        fields.append(f"global batch size: {batch_size:5d}")
+        advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
+        for key, total in interval.losses.items():
+            average = float(total) / max(advanced, 1)
+            if average > 0.0:
+                fields.append(f"{key}: {average:.6E}")
+        fields.append(f"loss scale: {float(loss_scale):.1f}")
+        if grad_norm is not None:
+            fields.append(f"grad norm: {float(grad_norm):.3f}")
+        if num_zeros_in_grad is not None:
+            fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
+        if params_norm is not None:
+            fields.append(f"params norm: {float(params_norm):.3f}")
+        fields.append(f"number of skipped iterations: {skipped:3d}")
+        fields.append(f"number of nan iterations: {nan:3d}")
+        timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+        print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
+        interval.reset()
 
-    if torch.cuda.is_available() and not interval.memory_reported:
-        interval.memory_reported = True
-        _report_memory(iteration)
-    timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
+        if torch.cuda.is_available() and not interval.memory_reported:
+            interval.memory_reported = True
+            self._report_memory(iteration)
+        timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
 
-
-_TIMERS_TO_LOG = [
-    "forward-backward",
-    "forward-compute",
-    "backward-compute",
-    "batch-generator",
-    "optimizer",
-]
-
-
-def _moe_aux_losses(args) -> dict:
-    """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
-    layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
-    names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
-    num_moe_layers = sum(moe_layer_pattern(args.num_layers, args.moe_layer_freq))
-    return aux_losses_for_logging(names, args.num_layers, num_moe_layers, 1.0 / get_num_microbatches())
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    def _report_memory(self, iteration: int) -> None:
+        mb = 1024 * 1024
+        if self.data_parallel_rank != 0:
+            return
+        print(
+            f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
+            f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | "
+            f"max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
+            f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
+            flush=True,
+        )
 
 
 def _cuda_memory_scalars() -> dict:
@@ -239,13 +254,25 @@ def _cuda_memory_scalars() -> dict:
             "mem-allocated-count": stats.get("allocation.all.current", 0)}
 
 
-def _report_memory(iteration: int) -> None:
-    mb = 1024 * 1024
-    if parallel_state.get_data_parallel_rank() != 0:
-        return
-    print(
-        f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
-        f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
-        f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
-        flush=True,
-    )
+_TIMERS_TO_LOG = [
+    "forward-backward",
+    "forward-compute",
+    "backward-compute",
+    "batch-generator",
+    "optimizer",
+]
+
+
+def _moe_aux_losses(args, num_microbatches: int) -> dict:
+    """This step's MoE router losses (load_balancing_loss, z_loss, ...), each the mean over the MoE
+    layers and microbatches, without its coefficient, as Megatron logs them (collective: all ranks)."""
+    names = moe_aux_loss_names(args.moe_router_load_balancing_type, args.moe_aux_loss_coeff, args.moe_z_loss_coeff)
+    pattern = moe_layer_pattern(args.num_layers, args.moe_layer_freq)
+    mtp = args.mtp_num_layers or 0  # multi-token prediction layers repeat the last layer's kind
+    num_moe_layers = sum(pattern) + mtp * pattern[-1]
+    return aux_losses_for_logging(names, args.num_layers + mtp, num_moe_layers, 1.0 / num_microbatches)
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -25,7 +25,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
 from megatron.core.atomic_write import write_atomically  # noqa: E402
-from megatron.training import training  # noqa: E402
+from megatron.training import trainer  # noqa: E402
 from megatron.training.checkpoint import saving  # noqa: E402
 from megatron.training.global_vars import get_args  # noqa: E402
 
@@ -77,20 +77,20 @@ def _faulty_forward_step(forward_step_func):
     return forward_step
 
 
-_train_step = training.train_step
+_run_train_step = trainer.run_train_step
 _steps = []
 
 
-def train_step(forward_step_func, *args, **kwargs):
+def run_train_step(forward_step_func, *args, **kwargs):
     _steps.append(1)
-    iteration = get_args().iteration + len(_steps)
+    iteration = get_args().iteration + len(_steps)  # args.iteration: where the run started
     if iteration == ITERATION and _this_rank():
         forward_step_func = _faulty_forward_step(forward_step_func)
-    return _train_step(forward_step_func, *args, **kwargs)
+    return _run_train_step(forward_step_func, *args, **kwargs)
 
 
 if KIND in ("kill_mid_iteration", "nan_grad"):
-    training.train_step = train_step
+    trainer.run_train_step = run_train_step
 elif KIND in ("kill_mid_save", "disk_full"):
     saving.save_atomically = _write_half_then(_kill if KIND == "kill_mid_save" else _disk_full)
 else:

@@ -37,9 +37,6 @@ TINY_LLAMA_OVERRIDES = TINY_OVERRIDES + [
     "--ffn-hidden-size", "128", "--num-query-groups", "2", "--kv-channels", "16",
     "--lr-warmup-samples", "0", "--lr-decay-samples", "8",
 ]
-# pretrain() cannot yet run sample-based training (--train-samples): it never derives --train-iters from
-# it, as Megatron's update_train_iters does, and crashes building the datasets. Runs that hit exactly
-# this error are reported as expected failures, so they pass by themselves once the training layer does it.
 
 
 def _free_port() -> int:

@@ -8,6 +8,7 @@ approximate (rtol 5%, as Megatron's functional tests) so that CPU kernels of oth
 import json
 import math
 import os
+import re
 import signal
 
 import pytest
@@ -79,6 +80,33 @@ def test_resume_is_exact(tmp_path, dataset):
     for key in a:
         if torch.is_tensor(a[key]):
             assert torch.equal(a[key], b[key]), key
+
+
+RAMPUP = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+    "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+    "--rampup-batch-size", "2", "2", "20", "--train-samples", "60", "--lr", "1e-3", "--lr-warmup-samples", "8",
+    "--log-interval", "1", "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer",
+    "--vocab-size", "128", "--num-workers", "0", "--ckpt-format", "torch",
+]
+CONSOLE_LINE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|.*global batch size:\s+(\d+) \| "
+                          r"lm loss: (\S+) \|")
+
+
+def _console(output: str) -> dict:
+    """{iteration: (iterations in the run, consumed samples, global batch size, lm loss)} of the console."""
+    return {int(match[1]): (int(match[2]), int(match[3]), int(match[4]), match[5])
+            for match in CONSOLE_LINE.finditer(output)}
+
+
+def test_batch_size_rampup_over_train_samples_resumes_mid_ramp(tmp_path):
+    # 2 -> 8 by 2 over 20 samples: 3 increments, one every 6.67 samples; the ramp is walked up to the step
+    # that crosses 20 samples (consumed 22 after 7 steps), then (60 - 22) // 8 = 4 whole batches: 11 steps.
+    straight = _console(run("pretrain_gpt.py", RAMPUP + ["--save", str(tmp_path), "--save-interval", "6"]).stdout)
+    assert [straight[i][2] for i in range(1, 12)] == [2, 2, 2, 2, 4, 4, 6, 8, 8, 8, 8]
+    assert straight[11][:2] == (11, 54)
+    resumed = _console(run("pretrain_gpt.py", RAMPUP + ["--load", str(tmp_path), "--ckpt-step", "6"]).stdout)
+    assert resumed == {i: straight[i] for i in range(7, 12)}
 
 
 def test_codeparrot_tutorial_command_runs(tmp_path, dataset):

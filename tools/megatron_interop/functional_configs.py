@@ -158,10 +158,13 @@ def _shape(shrink: _Shrink) -> None:
     for flag in ("--seq-length", "--max-position-embeddings"):
         shrink.set(flag, 64)
     if "--num-experts" in flags:
-        ep = _int(flags, "--expert-model-parallel-size", 1)
-        experts = math.lcm(4, ep)
-        while experts < _int(flags, "--moe-router-topk", 2):
-            experts += math.lcm(4, ep)
+        # A multiple of EP and of the routing groups, with at least top-k experts in the groups a token may
+        # use (group-limited routing: --moe-router-group-topk of --moe-router-num-groups groups).
+        groups = _int(flags, "--moe-router-num-groups", 1)
+        step = math.lcm(4, _int(flags, "--expert-model-parallel-size", 1), groups)
+        experts = step
+        while experts * _int(flags, "--moe-router-group-topk", groups) < _int(flags, "--moe-router-topk", 2) * groups:
+            experts += step
         shrink.set("--num-experts", experts)
     if "--vocab-size" in flags:
         shrink.set("--vocab-size", 1000)

@@ -25,8 +25,8 @@ Where a tensor sits comes from the attributes every tensor-parallel layer sets o
 
 The sizes n_r are gathered over the tensor-parallel group (the vocabulary may be split unevenly), so
 building the dict is collective over that group. Replica ids are (pipeline copy, TP copy, DP rank):
-only (0, 0, 0) writes. The tied output weight of the last pipeline stage is a copy of
-`embedding.word_embeddings.weight` (pipeline copy 1).
+only (0, 0, 0) writes. The tied output weight of the last pipeline stage, or its word embedding with
+multi-token prediction, is a copy of `embedding.word_embeddings.weight` (pipeline copy 1).
 
 Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers (local expert i of a MoE layer is
 expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated over the
@@ -152,12 +152,18 @@ def _layer_places(model: torch.nn.Module) -> Dict[str, _LayerPlace]:
 
 
 def _tied_output_weights(model: torch.nn.Module) -> Dict[str, str]:
-    """{name of a last-stage output weight: name of the word embedding it copies} (PP > 1, tied)."""
+    """{name of a last-stage copy of the word embedding: the embedding's name} (PP > 1): a tied output weight,
+    or the word embedding of a last stage with multi-token prediction."""
     tied = {}
     for module_name, module in model.named_modules():
-        if getattr(module, "share_embeddings_and_output_weights", False) and not module.pre_process:
-            prefix = f"{module_name}." if module_name else ""
-            tied[f"{prefix}output_layer.weight"] = f"{prefix}embedding.word_embeddings.weight"
+        if getattr(module, "pre_process", True):
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        embedding = f"{prefix}embedding.word_embeddings.weight"
+        if getattr(module, "embedding", None) is not None:
+            tied[embedding] = embedding
+        elif getattr(module, "share_embeddings_and_output_weights", False):
+            tied[f"{prefix}output_layer.weight"] = embedding
     return tied
 
 

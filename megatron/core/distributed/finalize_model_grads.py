@@ -46,7 +46,9 @@ def _allreduce_layernorm_grads(model: List[torch.nn.Module], config) -> None:
     """Sums over TP the grads of TP-replicated params that each TP rank fed different data."""
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
         return
-    qk_layernorm = getattr(config, "qk_layernorm", False)
+    # Per-head q/k norms see only this rank's heads. Multi-latent attention's q/kv latent norms see the same
+    # latents on every rank instead (or, under sequence parallelism, marked `sequence_parallel`).
+    qk_layernorm = getattr(config, "qk_layernorm", False) and not getattr(config, "multi_latent_attention", False)
 
     def summed_over_tp(name: str, param: torch.nn.Parameter) -> bool:
         is_qk_layernorm = qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)

@@ -7,7 +7,13 @@ package, so that `tools/preprocess_data.py` runs on a machine without torch. The
 """
 
 from megatron.core.tokenizers.bert_wordpiece import BertWordPieceTokenizer
-from megatron.core.tokenizers.build import TOKENIZER_TYPES, build_tokenizer, vocab_size_with_padding
+from megatron.core.tokenizers.build import (
+    TOKENIZER_TYPES,
+    build_tokenizer,
+    construct_tokenizer,
+    padded_vocab_size,
+    vocab_size_with_padding,
+)
 from megatron.core.tokenizers.gpt2_bpe import GPT2BPETokenizer
 from megatron.core.tokenizers.huggingface import HuggingFaceTokenizer
 from megatron.core.tokenizers.megatron_tokenizer import MegatronTokenizer, MissingTokenizerAttribute
@@ -32,5 +38,7 @@ __all__ = [
     "SentencePieceTokenizer",
     "TikTokenizer",
     "build_tokenizer",
+    "construct_tokenizer",
+    "padded_vocab_size",
     "vocab_size_with_padding",
 ]

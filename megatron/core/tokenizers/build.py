@@ -131,21 +131,22 @@ def _construct(args) -> MegatronTokenizer:
     )
 
 
-def build_tokenizer(args) -> MegatronTokenizer:
-    """Builds the tokenizer of `args` (an argparse Namespace or any object with the tokenizer flags).
-
-    Sets `args.padded_vocab_size` unless it is already set (from `--padded-vocab-size` or a checkpoint),
-    with `args.make_vocab_size_divisible_by` (default 128) and `args.tensor_model_parallel_size`
-    (default 1). Prints Megatron's two log lines on rank 0 (`args.rank`, default 0).
-    """
+def construct_tokenizer(args) -> MegatronTokenizer:
+    """The tokenizer of `args` (an argparse Namespace or any object with the tokenizer flags), after checking
+    its flags and files; prints Megatron's "> building ... tokenizer" line on rank 0 (`args.rank`, default 0).
+    Changes nothing in `args`."""
     problems = tokenizer_problems(args)
     if problems:
         raise ValueError("invalid tokenizer arguments:\n  - " + "\n  - ".join(problems))
-    log = getattr(args, "rank", 0) == 0
-    if log:
+    if getattr(args, "rank", 0) == 0:
         print(f"> building {args.tokenizer_type} tokenizer ...", flush=True)
-    tokenizer = _construct(args)
+    return _construct(args)
 
+
+def padded_vocab_size(args, tokenizer: MegatronTokenizer) -> int:
+    """The model's vocabulary rows: `args.padded_vocab_size` when set (from `--padded-vocab-size` or a
+    checkpoint), else the tokenizer's size padded with `args.make_vocab_size_divisible_by` (default 128) and
+    `args.tensor_model_parallel_size` (default 1), with Megatron's log line on rank 0."""
     padded = getattr(args, "padded_vocab_size", None)
     if padded is None:
         padded = vocab_size_with_padding(
@@ -153,8 +154,7 @@ def build_tokenizer(args) -> MegatronTokenizer:
             getattr(args, "make_vocab_size_divisible_by", 128),
             getattr(args, "tensor_model_parallel_size", 1),
         )
-        args.padded_vocab_size = padded
-        if log:
+        if getattr(args, "rank", 0) == 0:
             print(
                 f" > padded vocab (size: {tokenizer.vocab_size}) with {padded - tokenizer.vocab_size} dummy "
                 f"tokens (new size: {padded})",
@@ -165,4 +165,12 @@ def build_tokenizer(args) -> MegatronTokenizer:
             f"--padded-vocab-size {padded} is smaller than the {args.tokenizer_type} vocabulary "
             f"({tokenizer.vocab_size} ids)"
         )
+    return padded
+
+
+def build_tokenizer(args) -> MegatronTokenizer:
+    """Megatron-LM's `build_tokenizer`: `construct_tokenizer`, and `args.padded_vocab_size` set to
+    `padded_vocab_size(args, tokenizer)` (where Megatron's model providers read it)."""
+    tokenizer = construct_tokenizer(args)
+    args.padded_vocab_size = padded_vocab_size(args, tokenizer)
     return tokenizer

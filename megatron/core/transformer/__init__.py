@@ -2,6 +2,6 @@
 
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-__all__ = ["MegatronModule", "ModuleSpec", "TransformerConfig", "build_module"]
+__all__ = ["MLATransformerConfig", "MegatronModule", "ModuleSpec", "TransformerConfig", "build_module"]

@@ -147,17 +147,34 @@ class SelfAttention(MegatronModule):
             rotate = fused_apply_rotary_pos_emb if self.config.apply_rope_fusion else apply_rotary_pos_emb
             query = rotate(query, q_pos_emb, config=self.config)
             key = rotate(key, k_pos_emb, config=self.config)
-        mask_type = None
-        if inference_context is not None:
-            key, value = inference_context.append_key_value(self.layer_number, key, value)
-            if attention_mask is None and self.attn_mask_type == AttnMaskType.causal:
-                attention_mask, mask_type = causal_mask_over_cache(query.size(0), key.size(0), query.device)
-        core_args = (query, key, value, attention_mask, mask_type, attention_bias, packed_seq_params)
-        if self.checkpoint_core_attention and self.training:
-            context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
-        else:
-            context = self.core_attention(*core_args)
+        context = cached_core_attention(
+            self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context
+        )
         return self.linear_proj(context)
+
+
+def cached_core_attention(
+    attention, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
+    value_width: int | None = None,
+) -> torch.Tensor:
+    """`attention.core_attention` of query [sq, b, np/p, hn] over key/value [sk, b, ., .] -> [sq, b, np/p * hv],
+    shared by the self-attention modules (`attention` has `layer_number`, `attn_mask_type`, `core_attention`,
+    `checkpoint_core_attention`, `training`).
+
+    With an `inference_context` the new keys/values first join the cached ones (and the causal mask is aligned
+    to the cache). The core attention is recomputed in backward with selective recompute of "core_attn".
+    `value_width` zero-pads the values' last dimension to that width after caching (multi-latent attention)."""
+    mask_type = None
+    if inference_context is not None:
+        key, value = inference_context.append_key_value(attention.layer_number, key, value)
+        if attention_mask is None and attention.attn_mask_type == AttnMaskType.causal:
+            attention_mask, mask_type = causal_mask_over_cache(query.size(0), key.size(0), query.device)
+    if value_width is not None:
+        value = torch.nn.functional.pad(value, [0, value_width - value.size(-1)])
+    core_args = (query, key, value, attention_mask, mask_type, attention_bias, packed_seq_params)
+    if attention.checkpoint_core_attention and attention.training:
+        return tensor_parallel.checkpoint(attention.core_attention, False, *core_args)
+    return attention.core_attention(*core_args)
 
 
 def causal_mask_over_cache(num_queries: int, num_keys: int, device: torch.device):

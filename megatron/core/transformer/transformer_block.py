@@ -30,7 +30,7 @@ class TransformerBlockSubmodules:
     layer_norm: Any = None
 
 
-def _block_submodules(config: TransformerConfig, spec, vp_stage: int | None) -> TransformerBlockSubmodules:
+def block_submodules(config: TransformerConfig, spec, vp_stage: int | None) -> TransformerBlockSubmodules:
     """Accepts block submodules, a block spec, or a single layer spec to repeat on every layer."""
     if isinstance(spec, TransformerBlockSubmodules):
         return spec
@@ -60,7 +60,7 @@ class TransformerBlock(MegatronModule):
     ):
         super().__init__(config)
         self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
-        submodules = _block_submodules(config, spec, vp_stage)
+        submodules = block_submodules(config, spec, vp_stage)
         self.layers = torch.nn.ModuleList(
             build_module(layer_spec, config=config, layer_number=index + 1, vp_stage=vp_stage)
             for index, layer_spec in enumerate(submodules.layer_specs)

@@ -209,6 +209,16 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_dtype: Optional[str] = None
     """Accepted for compatibility: the router always computes its logits and scores in fp32."""
 
+    moe_router_num_groups: Optional[int] = None
+    """Group-limited routing (DeepSeek-V2/V3): the experts form this many equal groups; each token first picks
+    `moe_router_group_topk` groups by the sum of their top-(k / group_topk) scores, then its k experts in them."""
+
+    moe_router_group_topk: Optional[int] = None
+    """Groups each token may route to with group-limited routing."""
+
+    moe_router_topk_scaling_factor: Optional[float] = None
+    """Multiplies the routing weights of the chosen experts (DeepSeek-V3's routed_scaling_factor, 2.5)."""
+
     moe_token_dispatcher_type: str = "allgather"
     """How tokens reach the expert-parallel ranks: "allgather" or "alltoall"."""
 
@@ -261,9 +271,18 @@ class TransformerConfig(ModelParallelConfig):
     num_layers_at_end_in_bf16: int = 1
     """Trailing layers kept in bf16 with `first_last_layers_bf16`."""
 
-    # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
+    # --- multi-latent attention and multi-token prediction ---------------------------------------------------
     multi_latent_attention: bool = False
-    """DeepSeek multi-latent attention."""
+    """DeepSeek multi-latent attention; its dimensions are the fields of `MLATransformerConfig`."""
+
+    mtp_num_layers: Optional[int] = None
+    """Multi-token prediction depth D (DeepSeek-V3): D extra layers on the last stage, layer k predicting the
+    token k + 1 positions ahead (multi_token_prediction.py)."""
+
+    mtp_loss_scaling_factor: float = 0.1
+    """Weight of the mean of the D multi-token-prediction losses added to the language-model loss."""
+
+    # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
 
     window_size: Optional[tuple] = None
     """Sliding-window attention (left, right): query i attends keys i + sk - sq - left .. i + sk - sq + right
@@ -361,17 +380,92 @@ class TransformerConfig(ModelParallelConfig):
 
     def _feature_problems(self) -> list[str]:
         not_yet = {
-            "multi_latent_attention": self.multi_latent_attention,
             "fp32_residual_connection": self.fp32_residual_connection,
         }
         problems = [f"{name} is not supported yet" for name, is_set in not_yet.items() if is_set]
+        if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
+            problems.append("multi_latent_attention=True needs MLATransformerConfig (the latent and head dimensions)")
         if self.window_size is not None:
             if len(self.window_size) != 2 or min(self.window_size) < -1:
                 problems.append(f"window_size must be (left, right) with -1 for unbounded, got {self.window_size}")
             if self.context_parallel_size > 1:
                 problems.append("window_size (sliding-window attention) with context_parallel_size > 1 is not "
                                 "supported yet")
+        if self.mtp_num_layers is not None:
+            if self.mtp_num_layers < 1:
+                problems.append(f"mtp_num_layers must be a positive integer (or None: no multi-token prediction), "
+                                f"got {self.mtp_num_layers}")
+            if self.context_parallel_size > 1:
+                problems.append(f"mtp_num_layers with context_parallel_size={self.context_parallel_size} is not "
+                                "supported yet")
         if self.context_parallel_size > 1:
             problems += cp_comm_type_problems(self.cp_comm_type or "p2p", self.num_layers)
         return problems
 
+
+
+@dataclass
+class MLATransformerConfig(TransformerConfig):
+    """TransformerConfig of a multi-latent-attention model (DeepSeek-V2/V3; multi_latent_attention.py has the
+    maths). Defaults are Megatron-Core's."""
+
+    multi_latent_attention: bool = True
+    q_lora_rank: Optional[int] = 512
+    """Rank of the query compression (linear_q_down_proj width); None projects queries directly (linear_q_proj)."""
+
+    kv_lora_rank: int = 512
+    """Rank of the joint key/value compression (the latent every head's keys and values come from)."""
+
+    qk_head_dim: int = 128
+    """Per-head width of the query/key part without position information."""
+
+    qk_pos_emb_head_dim: int = 64
+    """Per-head width of the rotated query/key part (the key's is shared by all heads)."""
+
+    v_head_dim: int = 128
+    """Per-head width of the values."""
+
+    normalization: str = "RMSNorm"
+    rope_type: str = "yarn"
+    """"rope" (plain RoPE with rotary_base / rotary_percent) or "yarn" (YaRN with the fields below)."""
+
+    rotary_base: float = 10000
+    rotary_percent: float = 1.0
+    rotary_scaling_factor: float = 40
+    """YaRN's context-extension factor s (also in the softmax scale, through mscale_all_dim)."""
+
+    original_max_position_embeddings: int = 4096
+    """YaRN: the context length the frequencies were trained for."""
+
+    beta_fast: float = 32
+    beta_slow: float = 1
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    correction_range_round_to_int: bool = True
+    """YaRN: round the frequency-blend range to whole indices (Hugging Face's `truncate`)."""
+
+    cache_mla_latents: bool = False
+    """Cache the compressed latents instead of keys/values in generation (not supported yet)."""
+
+    mla_down_proj_fusion: bool = False
+    """Accepted for compatibility: the q/kv down projections compute the same function either way."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        problems = []
+        positive = {"kv_lora_rank": self.kv_lora_rank, "qk_head_dim": self.qk_head_dim,
+                    "qk_pos_emb_head_dim": self.qk_pos_emb_head_dim, "v_head_dim": self.v_head_dim}
+        if self.q_lora_rank is not None:
+            positive["q_lora_rank"] = self.q_lora_rank
+        problems += [f"{name} must be a positive integer, got {value!r}" for name, value in positive.items()
+                     if not isinstance(value, int) or value < 1]
+        if isinstance(self.qk_pos_emb_head_dim, int) and self.qk_pos_emb_head_dim % 2:
+            problems.append(f"qk_pos_emb_head_dim ({self.qk_pos_emb_head_dim}) must be even: RoPE rotates pairs")
+        if self.rope_type not in ("rope", "yarn"):
+            problems.append(f"rope_type must be 'rope' or 'yarn' for multi-latent attention, got {self.rope_type!r}")
+        if self.num_query_groups != self.num_attention_heads:
+            problems.append(f"multi-latent attention has one key/value head per query head: num_query_groups "
+                            f"({self.num_query_groups}) must equal num_attention_heads ({self.num_attention_heads})")
+        if self.cache_mla_latents:
+            problems.append("cache_mla_latents (latent caching in generation) is not supported yet")
+        raise_config_problems("MLATransformerConfig", problems)

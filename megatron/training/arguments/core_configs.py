@@ -16,7 +16,8 @@ from megatron.core.distributed.distributed_data_parallel_config import Distribut
 from megatron.core.distributed.torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 from megatron.core.optimizer.optimizer_config import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from megatron.training.arguments.mla_mtp import mla_config_fields
 
 # TransformerConfig field: the dest whose value it takes.
 RENAMED_TRANSFORMER_FIELDS = {
@@ -77,6 +78,7 @@ def _computed_transformer_fields(args) -> dict:
         # One name for all layers, or one per layer.
         "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
         **_activation(args),
+        **mla_config_fields(args),
     }
     if args.init_method_xavier_uniform:
         computed["init_method"] = computed["output_layer_init_method"] = torch.nn.init.xavier_uniform_
@@ -85,7 +87,7 @@ def _computed_transformer_fields(args) -> dict:
 
 def core_transformer_config_from_args(args: argparse.Namespace, config_class=None) -> TransformerConfig:
     """`TransformerConfig` (or `config_class`, a subclass) from validated arguments, as Megatron builds it."""
-    config_class = config_class or TransformerConfig
+    config_class = config_class or (MLATransformerConfig if args.multi_latent_attention else TransformerConfig)
     fields = {f.name for f in dataclasses.fields(config_class)}
     kwargs = _mapped_fields(config_class, args, RENAMED_TRANSFORMER_FIELDS)
     kwargs.update({name: value for name, value in _computed_transformer_fields(args).items() if name in fields})

@@ -21,6 +21,7 @@ from megatron.training.arguments.reporting import is_rank_zero, print_rank_0
 from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.validate_fp8 import check_fp8
+from megatron.training.arguments.mla_mtp import check_mla_mtp
 from megatron.training.arguments.validate_fsdp import check_fsdp
 from megatron.training.arguments.validate_model import check_model_shape
 from megatron.training.arguments.validate_moe import check_moe
@@ -51,6 +52,7 @@ CROSS_SECTION_CHECKS = (
     check_parallel_layout,
     check_model_shape,
     check_moe,
+    check_mla_mtp,
     check_fsdp,
     check_batch_sizes,
     check_run_length,

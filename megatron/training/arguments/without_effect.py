@@ -55,6 +55,10 @@ WITHOUT_EFFECT = (
                                                               "overlapped with compute"),
     WithoutEffect("--overlap-moe-expert-parallel-comm", f"{_SPEED_ONLY}; the expert-parallel all-to-alls here are "
                                                         "not overlapped with computation"),
+    WithoutEffect("--mla-down-proj-fusion", f"{_SPEED_ONLY}; the multi-latent attention down projections here "
+                                            "are separate GEMMs computing the same function"),
+    WithoutEffect("--moe-router-dtype", "the router here always computes its logits and scores in fp32, as the "
+                                        "flag asks (fp64 is refused)", values=("fp32",)),
     WithoutEffect("--disable-gloo-process-groups", "it only saves Megatron-LM host resources; gloo groups are made "
                                                    "here (the distributed optimizer's checkpoint gathers and "
                                                    "background saves use them)"),

@@ -26,6 +26,7 @@ from megatron.training.checkpoint.state_dict import load_model_state
 from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args
 from megatron.training.run_summary import record_loaded_checkpoint
+from megatron.training.train_state import TrainState, checkpoint_iteration
 
 # Checkpoints before 2.0 stored the fused QKV rows as [3, np, hn] (version 0) or [np, hn, 3] (1.0) instead of
 # Megatron-Core's per-head interleaving.
@@ -51,27 +52,6 @@ def _resume_directory(args, load_arg: str):
     return pretrained_dir
 
 
-def _iteration(state_dict: dict, checkpoint_name: str) -> int:
-    for key in ("iteration", "total_iters"):  # `total_iters` in very old checkpoints
-        if key in state_dict:
-            return state_dict[key]
-    raise ValueError(f"checkpoint {checkpoint_name} records no iteration ('iteration' key)")
-
-
-def _restore_counters(args, state_dict: dict, iteration: int) -> None:
-    """Consumed/skipped sample counters from the checkpoint's args (the data sampler resumes from them).
-
-    Checkpoints that predate the counters consumed `iteration x global batch size` training samples.
-    """
-    checkpoint_args = state_dict.get("args")
-    if checkpoint_args is None:
-        print_rank_0("could not find arguments in the checkpoint ...")
-    args.consumed_train_samples = getattr(checkpoint_args, "consumed_train_samples", iteration * args.global_batch_size)
-    args.skipped_train_samples = getattr(checkpoint_args, "skipped_train_samples", 0)
-    args.consumed_valid_samples = getattr(checkpoint_args, "consumed_valid_samples", 0)
-    update_num_microbatches(args.consumed_train_samples, consistency_check=False, verbose=True)
-
-
 def _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict: dict, checkpoint_name: str) -> None:
     scheduler_key = "lr_scheduler" if "lr_scheduler" in state_dict else "opt_param_scheduler"  # older name first
     missing = [name for name, wanted in (("optimizer", optimizer), (scheduler_key, opt_param_scheduler))
@@ -90,19 +70,33 @@ def _load_optimizer_and_scheduler(optimizer, opt_param_scheduler, state_dict: di
 
 def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", strict=True, checkpointing_context=None,
                     args=None):
-    """Loads the checkpoint under `args.<load_arg>` into `model` (a module or list of chunks), `optimizer`
-    and `opt_param_scheduler`; returns (iteration, num_floating_point_operations_so_far).
+    """Megatron-LM's `load_checkpoint`: `load_train_state`, with the restored counters written into `args`
+    (`args.consumed_train_samples`, ...) and the microbatch calculator moved to them, as Megatron does;
+    returns (iteration, num_floating_point_operations_so_far), (0, 0) when there was nothing to load.
 
-    Collective: every rank calls it. Returns (0, 0) with a note when there is no checkpoint (raises with
-    --exit-on-missing-checkpoint). `checkpointing_context` is accepted for Megatron's signature (a
-    torch-format load keeps none); `args` defaults to `get_args()`.
+    `checkpointing_context` is accepted for Megatron's signature (a torch-format load keeps none); `args`
+    defaults to `get_args()`.
     """
     args = args if args is not None else get_args()
+    state = load_train_state(model, optimizer, opt_param_scheduler, args, load_arg, strict)
+    if state is None:
+        return 0, 0
+    if not args.finetune:
+        state.publish(args)
+        update_num_microbatches(state.consumed_train_samples, consistency_check=False, verbose=True)
+    return state.iteration, state.num_floating_point_operations_so_far
+
+
+def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load", strict=True) -> TrainState | None:
+    """Loads the checkpoint under `args.<load_arg>` into `model` (a module or list of chunks), `optimizer`
+    and `opt_param_scheduler`; returns the run's counters at that checkpoint (module docstring), or None when
+    there is no checkpoint (a note; raises with --exit-on-missing-checkpoint). Collective: every rank calls it.
+    """
     require_supported_format(args.ckpt_format)
     load_dir = _resume_directory(args, load_arg)
     state_dict, checkpoint_name, release = load_base_checkpoint(load_dir, args)
     if state_dict is None:
-        return 0, 0
+        return None
 
     checkpoint_version = state_dict.get("checkpoint_version", 0)
     if checkpoint_version < _OLDEST_SUPPORTED_VERSION:
@@ -111,14 +105,16 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
             f"versions below {_OLDEST_SUPPORTED_VERSION} is not supported; re-save it with a Megatron-LM "
             "release that converts it"
         )
-    iteration = 0 if args.finetune or release else _iteration(state_dict, checkpoint_name)
-    num_floating_point_operations_so_far = state_dict.get("num_floating_point_operations_so_far", 0)
+    iteration = 0 if args.finetune or release else checkpoint_iteration(state_dict, checkpoint_name)
     sharded = is_distributed_checkpoint(checkpoint_name)
     if not args.finetune:
         if "args" in state_dict:
             check_checkpoint_args(state_dict["args"], args, checkpoint_version, checkpoint_name,
                                   check_parallel_sizes=not sharded)
-        _restore_counters(args, state_dict, iteration)
+        else:
+            print_rank_0("could not find arguments in the checkpoint ...")
+    state = TrainState.from_checkpoint(state_dict, iteration, args.global_batch_size,
+                                       restore_counters=not args.finetune)
 
     load_optimizer = not (release or args.finetune or args.no_load_optim)
     load_rng = not (release or args.finetune or args.no_load_rng)
@@ -144,6 +140,6 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
         dist.barrier()
     print_rank_0(f"  successfully loaded checkpoint from {load_dir} {model_parallel_position()} at iteration {iteration}")
     directory = checkpoint_name if sharded else os.path.dirname(os.path.dirname(checkpoint_name))
-    record_loaded_checkpoint(directory, iteration, getattr(args, "consumed_train_samples", 0),
+    record_loaded_checkpoint(directory, iteration, state.consumed_train_samples,
                              weights_only=release or args.finetune)
-    return iteration, num_floating_point_operations_so_far
+    return state

@@ -14,8 +14,10 @@ of the checkpoint's `--moe-grouped-gemm`. Within a file the experts are split ov
 
 import re
 
-_SEQUENTIAL = re.compile(r"(decoder\.layers\.\d+\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)")
-_GROUPED = re.compile(r"(decoder\.layers\.\d+\.mlp\.experts\.)(linear_fc[12]\.weight)(\d+)")
+# A decoder layer's experts, or those of a multi-token-prediction layer (mtp.layers.K.mtp_model_layer).
+_LAYER = r"(?:decoder\.layers\.\d+|mtp\.layers\.\d+\.mtp_model_layer)"
+_SEQUENTIAL = re.compile(rf"({_LAYER}\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)")
+_GROUPED = re.compile(rf"({_LAYER}\.mlp\.experts\.)(linear_fc[12]\.weight)(\d+)")
 
 
 def expert_number(name: str) -> int | None:

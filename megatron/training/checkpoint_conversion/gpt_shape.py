@@ -13,6 +13,25 @@ import torch
 
 
 @dataclass(frozen=True)
+class LatentAttentionShape:
+    """Multi-latent attention (--multi-latent-attention): the latent and head widths and the RoPE flavour."""
+
+    q_lora_rank: int | None  # None: queries projected directly (linear_q_proj)
+    kv_lora_rank: int
+    qk_head_dim: int
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+    rope_type: str  # "rope" or "yarn"
+    rotary_scaling_factor: float
+    mscale: float
+    mscale_all_dim: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    correction_range_round_to_int: bool
+
+
+@dataclass(frozen=True)
 class GPTShape:
     """The architecture of a Megatron-Core `GPTModel`, in the names of Megatron's arguments."""
 
@@ -44,6 +63,14 @@ class GPTShape:
     moe_router_score_function: str = "softmax"
     moe_router_pre_softmax: bool = False  # top-k of the softmax over all experts, not renormalised
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE (True) or dense MLP; empty without experts
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_router_enable_expert_bias: bool = False  # routers hold `expert_bias` (aux-loss-free balancing)
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
+    qk_layernorm: bool = False  # per-head q/k norms, or with `mla` the norms of the q and kv latents
+    mla: LatentAttentionShape | None = None
+    mtp_num_layers: int | None = None
 
     @property
     def qkv_bias(self) -> bool:
@@ -70,13 +97,10 @@ def _unsupported_features(args) -> list[str]:
     """Settings whose weights the GPT conversions cannot express, one message each."""
     problems = []
     checks = (
-        (getattr(args, "moe_shared_expert_intermediate_size", None), "--moe-shared-expert-intermediate-size"),
-        (getattr(args, "moe_router_enable_expert_bias", False), "--moe-router-enable-expert-bias"),
         (getattr(args, "num_experts", None) and getattr(args, "add_bias_linear", False),
          "biases in experts (--add-bias-linear with --num-experts)"),
         (getattr(args, "num_experts", None) and _expert_tensor_parallel_size(args) != args.tensor_model_parallel_size,
          "--expert-tensor-parallel-size other than --tensor-model-parallel-size"),
-        (getattr(args, "qk_layernorm", False), "--qk-layernorm"),
         (getattr(args, "layernorm_zero_centered_gamma", False), "--apply-layernorm-1p"),
         (getattr(args, "squared_relu", False), "--squared-relu"),
         (getattr(args, "quick_geglu", False), "--quick-geglu"),
@@ -109,6 +133,26 @@ def _moe_layers(args) -> tuple[bool, ...]:
     if isinstance(frequency, int):
         return tuple(layer % frequency == 0 for layer in range(args.num_layers))
     return tuple(bool(is_moe) for is_moe in frequency)
+
+
+def _latent_attention_shape(args) -> LatentAttentionShape | None:
+    """The MLA widths and RoPE of `args` (the YaRN fields of multi-latent attention, mla_mtp.py), or None."""
+    if not getattr(args, "multi_latent_attention", False):
+        return None
+
+    def unset_as(name, default):
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    return LatentAttentionShape(
+        q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
+        rope_type=unset_as("rope_type", "yarn"), rotary_scaling_factor=float(args.rotary_scaling_factor),
+        mscale=float(args.mscale), mscale_all_dim=float(args.mscale_all_dim),
+        original_max_position_embeddings=unset_as("yarn_original_max_position_embeddings", 4096),
+        beta_fast=float(unset_as("yarn_beta_fast", 32.0)), beta_slow=float(unset_as("yarn_beta_slow", 1.0)),
+        correction_range_round_to_int=unset_as("yarn_correction_range_round_to_int", True),
+    )
 
 
 def gpt_shape_from_args(args: argparse.Namespace, vocab_size: int | None) -> GPTShape:
@@ -150,4 +194,12 @@ def gpt_shape_from_args(args: argparse.Namespace, vocab_size: int | None) -> GPT
         moe_router_score_function=getattr(args, "moe_router_score_function", "softmax"),
         moe_router_pre_softmax=getattr(args, "moe_router_pre_softmax", False),
         moe_layers=_moe_layers(args),
+        moe_shared_expert_intermediate_size=getattr(args, "moe_shared_expert_intermediate_size", None),
+        moe_router_enable_expert_bias=bool(getattr(args, "moe_router_enable_expert_bias", False)),
+        moe_router_num_groups=getattr(args, "moe_router_num_groups", None),
+        moe_router_group_topk=getattr(args, "moe_router_group_topk", None),
+        moe_router_topk_scaling_factor=getattr(args, "moe_router_topk_scaling_factor", None),
+        qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
+        mla=_latent_attention_shape(args),
+        mtp_num_layers=getattr(args, "mtp_num_layers", None),
     )

@@ -41,10 +41,18 @@ def llama_export_problems(shape: GPTShape) -> list[str]:
         (shape.position_embedding_type != "rope",
          f"--position-embedding-type {shape.position_embedding_type} (Llama uses rope)"),
         (not shape.swiglu, "no --swiglu (Llama's MLP is SwiGLU)"),
+        (shape.qk_layernorm, "--qk-layernorm (Llama has no query/key norms)"),
+        (shape.mla is not None, "--multi-latent-attention"),
+        (shape.mtp_num_layers, "--mtp-num-layers (Llama has no multi-token prediction layers)"),
     )
     problems = [message for failed, message in checks if failed]
     if shape.num_experts:
         moe_checks = (
+            (shape.moe_shared_expert_intermediate_size, "--moe-shared-expert-intermediate-size (Mixtral has no "
+                                                        "shared experts)"),
+            (shape.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias"),
+            (shape.moe_router_num_groups, "--moe-router-num-groups (group-limited routing)"),
+            (shape.moe_router_topk_scaling_factor not in (None, 1.0), "--moe-router-topk-scaling-factor"),
             (not all(shape.moe_layers), "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
             (shape.qkv_bias, "--add-qkv-bias (Mixtral's attention has no biases)"),
             (shape.moe_router_score_function != "softmax",

@@ -1,8 +1,9 @@
-"""convert.py loader `hf`: a Hugging Face directory (GPT-2, or Llama / Mistral / Qwen2) as Megatron messages.
+"""convert.py loader `hf`: a Hugging Face directory (GPT-2, Llama / Mistral / Qwen2 / Mixtral, Qwen3-MoE,
+DeepSeek-V3) as Megatron messages.
 
-The training arguments are built from config.json (gpt2_hf.py / llama_hf.py hold the maps) over this
-project's defaults; the weights become a release checkpoint (iteration 0), so `pretrain_gpt.py --load`
-starts a fine-tune from them with fresh optimizer state. The tokenizer is the directory itself
+The training arguments are built from config.json (gpt2_hf.py / llama_hf.py / qwen3_moe_hf.py /
+deepseek_v3_hf.py hold the maps) over this project's defaults; the weights become a release checkpoint
+(iteration 0), so `pretrain_gpt.py --load` starts a fine-tune from them with fresh optimizer state. The tokenizer is the directory itself
 (--tokenizer-type HuggingFaceTokenizer) when it holds tokenizer files.
 """
 
@@ -10,6 +11,10 @@ import os
 
 import torch
 
+from megatron.training.checkpoint_conversion.deepseek_v3_hf import (
+    args_from_deepseek_v3_config,
+    deepseek_v3_to_megatron,
+)
 from megatron.training.checkpoint_conversion.gpt2_hf import args_from_gpt2_config, gpt2_to_megatron
 from megatron.training.checkpoint_conversion.gpt_shape import gpt_shape_from_args
 from megatron.training.checkpoint_conversion.hf_directory import read_hf_directory
@@ -19,9 +24,17 @@ from megatron.training.checkpoint_conversion.llama_hf import (
     llama_to_megatron,
 )
 from megatron.training.checkpoint_conversion.messages import metadata_from_args, state_to_messages
+from megatron.training.checkpoint_conversion.qwen3_moe_hf import args_from_qwen3_moe_config, qwen3_moe_to_megatron
 from megatron.training.checkpoint_conversion.tokenizer_info import TokenizerInfo
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# model_type -> (training arguments of config.json, state dict map)
+_IMPORTS = {
+    "gpt2": (args_from_gpt2_config, gpt2_to_megatron),
+    **{model_type: (args_from_llama_config, llama_to_megatron) for model_type in IMPORTABLE_MODEL_TYPES},
+    "qwen3_moe": (args_from_qwen3_moe_config, qwen3_moe_to_megatron),
+    "deepseek_v3": (args_from_deepseek_v3_config, deepseek_v3_to_megatron),
+}
 
 
 def add_arguments(parser) -> None:
@@ -34,13 +47,10 @@ def training_args(config: dict, vocab_rows: int, load_dir: str):
 
     args = build_parser().parse_args([])
     model_type = config.get("model_type")
-    if model_type == "gpt2":
-        values = args_from_gpt2_config(config)
-    elif model_type in IMPORTABLE_MODEL_TYPES:
-        values = args_from_llama_config(config)
-    else:
-        raise ValueError(f"{load_dir}/config.json model_type {model_type!r}: the hf loader reads gpt2, "
-                         f"{', '.join(IMPORTABLE_MODEL_TYPES)}")
+    if model_type not in _IMPORTS:
+        raise ValueError(f"{load_dir}/config.json model_type {model_type!r}: the hf loader reads "
+                         f"{', '.join(_IMPORTS)}")
+    values = _IMPORTS[model_type][0](config)
     for name, value in values.items():
         setattr(args, name, value)
     args.seq_length = args.max_position_embeddings
@@ -59,8 +69,7 @@ def load_checkpoint(queue, args) -> None:
     vocab_size = config["vocab_size"]
     checkpoint_args = training_args(config, vocab_size, args.load_dir)
     shape = gpt_shape_from_args(checkpoint_args, vocab_size)
-    to_megatron = gpt2_to_megatron if config["model_type"] == "gpt2" else llama_to_megatron
-    state = to_megatron(hf_state, shape)
+    state = _IMPORTS[config["model_type"]][1](hf_state, shape)
     metadata = metadata_from_args(checkpoint_args, shape, iteration=0, release=True)
     metadata.tokenizer = TokenizerInfo(vocab_size=vocab_size, bos_token_id=config.get("bos_token_id"),
                                        eos_token_id=config.get("eos_token_id"))

@@ -8,9 +8,15 @@ model as messages, then "done" ("exit" if it failed):
      "post norm weight/bias", "mlp l0 weight" (SwiGLU: "mlp l0 weight W" = gate, "mlp l0 weight V" = up),
      "mlp l0 bias" (SwiGLU: "... bias W/V"), "mlp l1 weight/bias"}     (biases only where the model has them)
      MoE layers instead of the MLP: "router weight" [E, h], and the experts stacked in expert order,
-     "mlp l0 weight" [E, f, h] (SwiGLU: "mlp l0 weight W"/"V") and "mlp l1 weight" [E, h, f]
+     "mlp l0 weight" [E, f, h] (SwiGLU: "mlp l0 weight W"/"V") and "mlp l1 weight" [E, h, f]; with shared
+     experts "shared mlp l0 weight" ([gate; up] whole) and "shared mlp l1 weight"; with an expert bias
+     "router bias" [E]
+     Extensions of this project: "q norm weight", "k norm weight" (--qk-layernorm); multi-latent attention
+     instead of "qkv weight": "q weight" or "q down weight", "q norm weight", "q up weight", then
+     "kv down weight", "kv norm weight", "kv up weight"
     {"name": "final norm", "weight", "bias" (LayerNorm only)}
     {"name": "output layer", "weight"}                                  (untied models only)
+    {"name": "mtp layer K", <key under mtp.layers.K.>: tensor, ...}      (--mtp-num-layers: K = 0 .. D-1)
 
 Word embeddings and output layer carry the rows the source had (padded or not); the saver pads or
 trims them. `state_to_messages` / `messages_to_state` translate to and from a full Megatron-Core state
@@ -37,6 +43,20 @@ _LAYER_KEYS = {
     "mlp l0 bias": "mlp.linear_fc1.bias",
     "mlp l1 weight": "mlp.linear_fc2.weight",
     "mlp l1 bias": "mlp.linear_fc2.bias",
+    # per-head q/k norms (--qk-layernorm), or the latent norms of multi-latent attention
+    "q norm weight": "self_attention.q_layernorm.weight",
+    "k norm weight": "self_attention.k_layernorm.weight",
+    # multi-latent attention (--multi-latent-attention)
+    "q weight": "self_attention.linear_q_proj.weight",
+    "q down weight": "self_attention.linear_q_down_proj.weight",
+    "q up weight": "self_attention.linear_q_up_proj.weight",
+    "kv down weight": "self_attention.linear_kv_down_proj.weight",
+    "kv norm weight": "self_attention.kv_layernorm.weight",
+    "kv up weight": "self_attention.linear_kv_up_proj.weight",
+    # MoE layers: shared experts (fc1 = [gate; up] whole) and the expert bias of aux-loss-free balancing
+    "shared mlp l0 weight": "mlp.shared_experts.linear_fc1.weight",
+    "shared mlp l1 weight": "mlp.shared_experts.linear_fc2.weight",
+    "router bias": "mlp.router.expert_bias",
 }
 _FC1_KEYS = ("mlp l0 weight", "mlp l0 bias")
 _ROUTER = "mlp.router.weight"
@@ -124,6 +144,10 @@ def state_to_messages(state: dict, shape: GPTShape):
     yield final_norm
     if not shape.tied_embeddings:
         yield {"name": "output layer", "weight": state["output_layer.weight"]}
+    for depth in range(shape.mtp_num_layers or 0):
+        prefix = f"mtp.layers.{depth}."
+        yield {"name": f"mtp layer {depth}",
+               **{name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}}
 
 
 def _expect(message, name: str, checking: bool) -> dict:
@@ -164,6 +188,9 @@ def messages_to_state(get, md: argparse.Namespace, checking: bool = True) -> dic
         state["decoder.final_layernorm.bias"] = _take(message, "bias", checking)
     if md.output_layer:
         state["output_layer.weight"] = _take(_expect(get(), "output layer", checking), "weight", checking)
+    for depth in range(shape.mtp_num_layers or 0):
+        message = _expect(get(), f"mtp layer {depth}", checking)
+        state.update({f"mtp.layers.{depth}.{key}": tensor for key, tensor in message.items() if key != "name"})
     last = get()
     if last == "exit":
         raise RuntimeError("the loader failed (it sent 'exit'); see its error above")

@@ -2,15 +2,17 @@
 
 Stage p of PP holds layers p*L/PP .. (p+1)*L/PP - 1 (the even split of `get_num_layers_to_build`),
 saved under LOCAL indices `decoder.layers.0 .. L/PP - 1`; the first stage holds the embeddings, the
-last the final norm and `output_layer.weight`. With tied embeddings and PP > 1 the last stage keeps its
-own copy of the word embeddings as `output_layer.weight` (a PP=1 model has no such key).
+last the final norm, `output_layer.weight` and the multi-token-prediction layers (`mtp.`). With tied
+embeddings and PP > 1 the last stage keeps its own copy of the word embeddings as `output_layer.weight` (a
+PP=1 model has no such key); with multi-token prediction and PP > 1 its copy is
+`embedding.word_embeddings.weight` (and a tied output layer has no weight).
 """
 
 import re
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _FIRST_STAGE = ("embedding.",)
-_LAST_STAGE = ("decoder.final_layernorm.", "output_layer.")
+_LAST_STAGE = ("decoder.final_layernorm.", "output_layer.", "mtp.")
 
 
 def check_pipeline_parallel_size(num_layers: int, pp: int) -> None:
@@ -36,7 +38,9 @@ def split_pipeline(state: dict, pp: int, num_layers: int, tied_embeddings: bool)
             stages[-1][name] = tensor
         else:
             raise ValueError(f"{name}: not a GPTModel parameter the pipeline split knows")
-    if tied_embeddings and pp > 1:
+    if pp > 1 and any(name.startswith("mtp.") for name in state):  # multi-token prediction embeds there too
+        stages[-1]["embedding.word_embeddings.weight"] = state["embedding.word_embeddings.weight"]
+    elif tied_embeddings and pp > 1:
         stages[-1]["output_layer.weight"] = state["embedding.word_embeddings.weight"]
     return stages
 
@@ -53,6 +57,7 @@ def merge_pipeline(stages: list[dict], num_layers: int, tied_embeddings: bool) -
             layer = _LAYER.fullmatch(name)
             if layer:
                 merged[f"decoder.layers.{stage_index * per_stage + int(layer.group(1))}.{layer.group(2)}"] = tensor
-            elif not (tied_embeddings and name == "output_layer.weight"):
+            elif stage_index == 0 or not (name == "embedding.word_embeddings.weight" or (
+                    tied_embeddings and name == "output_layer.weight")):
                 merged[name] = tensor
     return merged

@@ -2,9 +2,11 @@
 
     column-parallel, dim 0:  linear_qkv (rows grouped per query group: each rank holds ng/TP whole groups),
                              linear_fc1 (SwiGLU: rank i holds [gate_i; up_i], see split_swiglu_fc1),
-                             embedding.word_embeddings, output_layer (vocab rows)
+                             embedding.word_embeddings, output_layer (vocab rows), multi-latent attention's
+                             linear_q_proj / linear_q_up_proj / linear_kv_up_proj (whole heads), MTP eh_proj
     row-parallel, dim 1:     linear_proj.weight, linear_fc2.weight
-    replicated:              norms, linear_proj/linear_fc2 biases, position embeddings, MoE routers
+    replicated:              norms, linear_proj/linear_fc2 biases, position embeddings, MoE routers and expert
+                             biases, multi-latent attention's down projections
     Each routed expert's linear_fc1 / linear_fc2 splits as the dense ones do (expert-TP = TP).
 
 Merging concatenates in the same order; replicated tensors are taken from rank 0, as Megatron's loaders do.
@@ -17,6 +19,9 @@ from megatron.training.checkpoint_conversion.gpt_shape import GPTShape
 _COLUMN_PARALLEL = (
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
     "embedding.word_embeddings.weight", "output_layer.weight",
+    # multi-latent attention's per-head up projections, multi-token prediction's eh_proj
+    "self_attention.linear_q_proj.weight", "self_attention.linear_q_up_proj.weight",
+    "self_attention.linear_kv_up_proj.weight", "eh_proj.weight",
 )
 # Suffixes of the dense MLP's and of each expert's (`mlp.experts.local_experts.E.linear_fc1.weight`) linears.
 _ROW_PARALLEL = ("self_attention.linear_proj.weight", "linear_fc2.weight")

@@ -71,6 +71,18 @@ class MoEConfig(Section):
     moe_router_topk: int = 2
     """Experts per token."""
 
+    moe_router_num_groups: int | None = None
+    """Group-limited routing: number of equal expert groups."""
+
+    moe_router_group_topk: int | None = None
+    """Group-limited routing: groups each token may use."""
+
+    moe_router_topk_scaling_factor: float | None = None
+    """Multiplies the routing weights of the chosen experts."""
+
+    moe_router_dtype: str | None = flag(None, choices=("fp32", "fp64"))
+    """Router precision (this router always computes in fp32; fp64 is not supported yet)."""
+
     moe_router_load_balancing_type: str | list[str] = flag(
         "aux_loss", nargs="+",
         choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"))
@@ -140,6 +152,9 @@ class MoEConfig(Section):
             parse_moe_layer_freq(self.moe_layer_freq)
         except ValueError as error:
             problems.append(str(error))
+        if self.moe_router_dtype == "fp64":
+            problems.append("--moe-router-dtype fp64 is not supported yet; the router computes in fp32 "
+                            "(--moe-router-dtype fp32)")
         experts = self.effective_num_experts
         if experts is None:
             return problems

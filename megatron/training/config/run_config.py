@@ -9,6 +9,7 @@ from megatron.training.config.checkpointing import CheckpointingConfig
 from megatron.training.config.data import DataConfig
 from megatron.training.config.fields import argparse_kwargs
 from megatron.training.config.logging import LoggingConfig
+from megatron.training.config.mla import MultiLatentAttentionConfig, MultiTokenPredictionConfig
 from megatron.training.config.model import InitializationConfig, KernelFusionConfig, NetworkSizeConfig
 from megatron.training.config.moe import MoEConfig
 from megatron.training.config.optimizer import LearningRateConfig, OptimizerChoiceConfig, RegularizationConfig
@@ -37,6 +38,8 @@ class RunConfig:
     data: DataConfig
     autoresume: AutoresumeConfig
     moe: MoEConfig
+    multi_latent_attention: MultiLatentAttentionConfig
+    multi_token_prediction: MultiTokenPredictionConfig
     logging: LoggingConfig
     resilience: ResilienceConfig
 

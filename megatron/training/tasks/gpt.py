@@ -30,7 +30,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     print_rank_0("building GPT model ...")
     config = core_transformer_config_from_args(args)
-    spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm)
+    spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
+                     multi_latent_attention=args.multi_latent_attention)
     if args.num_experts is not None:  # per-layer specs: MoE or dense as --moe-layer-freq says
         layer_spec = get_gpt_decoder_block_spec(
             config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage,
@@ -107,7 +108,7 @@ def forward_step(data_iterator, model):
     timers("batch-generator", log_level=2).start()
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
     timers("batch-generator").stop()
-    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     return output_tensor, partial(loss_func, loss_mask)
 
 

@@ -12,6 +12,7 @@ from megatron.core.optimizer import adam_step_kernel
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.banner import banner_lines
 from megatron.training.progress import ProgressLog, progress_bar
+from megatron.training.train_state import TrainState
 
 FLAGS = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
          "--micro-batch-size 2 --global-batch-size 4 --train-iters 25 --lr 1e-3 --tokenizer-type NullTokenizer "
@@ -92,12 +93,10 @@ def test_progress_bar():
 
 def test_progress_file_has_megatrons_format(tmp_path, monkeypatch):
     args = _args(monkeypatch, "--mock-data", "--save", str(tmp_path), "--save-interval", "5", "--log-progress")
-    args.num_floating_point_operations_so_far = 0.0
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    log = ProgressLog(args)
+    log = ProgressLog(args, start_flops=0.0)
     log.job_started()
-    args.num_floating_point_operations_so_far, args.consumed_train_samples = 2.5e9, 20
-    log.checkpoint_saved(5, args)
+    log.checkpoint_saved(TrainState(iteration=5, consumed_train_samples=20, num_floating_point_operations_so_far=2.5e9))
     lines = (tmp_path / "progress.txt").read_text().splitlines()
     assert [line.split("\t")[1:3] for line in lines] == [["Job ID: 4242", "# GPUs: 1"]] * 2
     assert lines[0].endswith("\tStarting job")

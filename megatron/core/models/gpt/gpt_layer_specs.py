@@ -18,6 +18,11 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from megatron.core.transformer.multi_latent_attention import (
+    MLASelfAttention,
+    MLASelfAttentionSubmodules,
+    ReplicatedLinear,
+)
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
@@ -48,14 +53,14 @@ def get_gpt_layer_local_spec(
     (keys `experts.local_experts.{i}.linear_fc1.weight`).
 
     `normalization` ("LayerNorm"/"RMSNorm") fixes the norm type; by default `config.normalization`
-    decides when the model is built. `qk_layernorm` adds per-head norms of the queries and keys.
+    decides when the model is built. `qk_layernorm` adds per-head norms of the queries and keys, or with
+    `multi_latent_attention` (`MLASelfAttention`) the norms of the query and key/value latents.
     """
     if fp8 is not None:
         logger.warning("get_gpt_layer_local_spec(fp8=...) is deprecated (as in Megatron-Core) and has no effect: "
                        "FP8 is TransformerConfig.fp8")
     reject_unsupported(
         "get_gpt_layer_local_spec",
-        multi_latent_attention=multi_latent_attention,
         moe_use_legacy_grouped_gemm=moe_use_legacy_grouped_gemm,
         qk_l2_norm=qk_l2_norm,
         use_kitchen=use_kitchen,
@@ -67,21 +72,39 @@ def get_gpt_layer_local_spec(
     else:
         raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
     head_norm = layer_norm if qk_layernorm else IdentityOp
+    if multi_latent_attention:
+        self_attention = ModuleSpec(
+            module=MLASelfAttention,
+            params={"attn_mask_type": AttnMaskType.causal},
+            submodules=MLASelfAttentionSubmodules(
+                linear_q_proj=ColumnParallelLinear,
+                linear_q_down_proj=ReplicatedLinear,
+                linear_q_up_proj=ColumnParallelLinear,
+                linear_kv_down_proj=ReplicatedLinear,
+                linear_kv_up_proj=ColumnParallelLinear,
+                core_attention=DotProductAttention,
+                linear_proj=RowParallelLinear,
+                q_layernorm=head_norm,
+                kv_layernorm=head_norm,
+            ),
+        )
+    else:
+        self_attention = ModuleSpec(
+            module=SelfAttention,
+            params={"attn_mask_type": AttnMaskType.causal},
+            submodules=SelfAttentionSubmodules(
+                linear_qkv=ColumnParallelLinear,
+                core_attention=DotProductAttention,
+                linear_proj=RowParallelLinear,
+                q_layernorm=head_norm,
+                k_layernorm=head_norm,
+            ),
+        )
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=layer_norm,
-            self_attention=ModuleSpec(
-                module=SelfAttention,
-                params={"attn_mask_type": AttnMaskType.causal},
-                submodules=SelfAttentionSubmodules(
-                    linear_qkv=ColumnParallelLinear,
-                    core_attention=DotProductAttention,
-                    linear_proj=RowParallelLinear,
-                    q_layernorm=head_norm,
-                    k_layernorm=head_norm,
-                ),
-            ),
+            self_attention=self_attention,
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=layer_norm,
             mlp=_mlp_spec(num_experts, moe_grouped_gemm),
@@ -116,7 +139,9 @@ def get_gpt_decoder_block_spec(
 ) -> TransformerBlockSubmodules:
     """Per-layer specs of this pipeline stage's layers: MoE where `moe_layer_pattern` says so, dense
     elsewhere (Megatron-Core's choice for `--num-experts` with `--moe-layer-freq`)."""
-    spec_args = dict(qk_layernorm=config.qk_layernorm, qk_l2_norm=qk_l2_norm)
+    spec_args = dict(
+        qk_layernorm=config.qk_layernorm, qk_l2_norm=qk_l2_norm, multi_latent_attention=config.multi_latent_attention
+    )
     if use_transformer_engine:
         dense = get_gpt_layer_with_transformer_engine_spec(**spec_args)
         moe = get_gpt_layer_with_transformer_engine_spec(

@@ -17,8 +17,13 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
+from megatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlock,
+    get_mtp_layer_spec,
+    process_mtp_loss,
+)
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_block import TransformerBlock, block_submodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 
@@ -49,6 +54,7 @@ class GPTModel(LanguageModule):
         rope_scaling_factor: float = 8.0,
         seq_len_interpolation_factor: float | None = None,
         vp_stage: int | None = None,
+        mtp_block_spec: ModuleSpec | None = None,
     ):
         super().__init__(config)
         if position_embedding_type not in POSITION_EMBEDDING_TYPES:
@@ -64,11 +70,20 @@ class GPTModel(LanguageModule):
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
         self.position_embedding_type = position_embedding_type
 
-        if pre_process:
+        # Multi-token prediction on the last stage embeds the shifted tokens: under pipeline parallelism that
+        # stage holds a copy of the word embedding, kept equal to the first stage's (setup_embeddings_and_
+        # output_layer), as in Megatron-Core.
+        mtp_here = post_process and bool(config.mtp_num_layers)
+        if mtp_here and not pre_process and position_embedding_type == "learned_absolute":
+            raise ValueError("multi-token prediction under pipeline parallelism with learned_absolute position "
+                             "embeddings is not supported yet (use rope or none)")
+        if pre_process or mtp_here:
             self.embedding = LanguageModelEmbedding(
                 config, vocab_size, max_sequence_length, position_embedding_type=position_embedding_type
             )
-        if position_embedding_type == "rope":
+        # Multi-latent attention rotates its own d_rope channels (multi_latent_attention.py), as in Megatron-Core.
+        self.uses_rotary_pos_emb = position_embedding_type == "rope" and not config.multi_latent_attention
+        if self.uses_rotary_pos_emb:
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels,
                 rotary_percent=rotary_percent,
@@ -82,6 +97,12 @@ class GPTModel(LanguageModule):
         self.decoder = TransformerBlock(
             config, transformer_layer_spec, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage
         )
+        self.mtp = None
+        if post_process and config.mtp_num_layers:
+            if mtp_block_spec is None:  # a depth with the decoder's last layer and final norm
+                decoder_spec = block_submodules(config, transformer_layer_spec, vp_stage)
+                mtp_block_spec = get_mtp_layer_spec(decoder_spec.layer_specs[-1], decoder_spec.layer_norm)
+            self.mtp = MultiTokenPredictionBlock(config, mtp_block_spec, vp_stage)
         if post_process:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size,
@@ -91,7 +112,7 @@ class GPTModel(LanguageModule):
                 bias=False,
                 skip_bias_add=False,
                 gather_output=not parallel_output,
-                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
+                skip_weight_param_allocation=(pre_process or mtp_here) and share_embeddings_and_output_weights,
             )
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
@@ -113,6 +134,7 @@ class GPTModel(LanguageModule):
         labels: torch.Tensor | None = None,
         inference_context=None,
         runtime_gather_output: bool | None = None,
+        loss_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids/positions [b, s]; attention_mask bool [b, 1, s, s] with True = masked, or None for plain
         causal attention. Returns logits [b, s, V/p] (or [b, s, V] when gathered), losses [b, s] when
@@ -122,13 +144,17 @@ class GPTModel(LanguageModule):
         after the `sequence_len_offset` cached positions: `position_ids` must hold their absolute
         positions, RoPE rotates by them, and with `materialize_only_last_token_logits` the logits are
         [b, 1, V/p], those of the last position only.
+
+        With multi-token prediction (`config.mtp_num_layers`) and `labels`, the MTP depths run after the
+        decoder and attach their losses (masked by `loss_mask` [b, s]) to the returned ones' graph
+        (multi_token_prediction.py).
         """
         if inference_context is not None and self.config.sequence_parallel:
             raise ValueError("GPTModel: generation with an inference_context does not support sequence_parallel yet")
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
         rotary_pos_emb = None
-        if self.position_embedding_type == "rope":
+        if self.uses_rotary_pos_emb:
             hidden = decoder_input if decoder_input is not None else self.decoder.input_tensor
             # With sequence parallelism each rank holds s/p positions; the rotation covers all s. With
             # context parallelism the angles of the whole sequence are computed and this CP rank's two
@@ -154,6 +180,13 @@ class GPTModel(LanguageModule):
             hidden_states = hidden_states[-1:]  # [1, b, h]: the next token depends on the last position only
 
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if self.mtp is not None and labels is not None and inference_context is None:
+            hidden_states = self.mtp(input_ids, position_ids, hidden_states, attention_mask, self.embedding,
+                                     rotary_pos_emb)
+            hidden_states = process_mtp_loss(
+                hidden_states, labels, loss_mask, lambda hidden: self.output_layer(hidden, weight=output_weight)[0],
+                self.compute_language_model_loss, self.config, self.training,
+            )
         logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output)
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [s, b, V/p] -> [b, s, V/p]

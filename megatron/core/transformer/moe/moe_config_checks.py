@@ -5,6 +5,8 @@ Megatron-LM accepts some fields as one-element lists (`--moe-router-load-balanci
 combination of balancing losses) are not supported yet.
 """
 
+from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
+
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
 LOAD_BALANCING_NOT_YET = ("global_aux_loss", "quantile_balancing")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -110,4 +112,50 @@ def moe_config_problems(config) -> list:
         problems.append("shared experts have no biases, as in Megatron-LM: set add_bias_linear=False "
                         "(--disable-bias-linear) with moe_shared_expert_intermediate_size")
     problems += _layer_freq_problems(config)
+    problems += _group_routing_problems(config)
+    if not problems:
+        problems += _pipeline_stage_problems(config)
     return problems
+
+
+def _pipeline_stage_problems(config) -> list:
+    """Every pipeline rank must hold a MoE layer: the expert optimizer reduces its statistics over all of them."""
+    pp = config.pipeline_model_parallel_size
+    if not isinstance(pp, int) or pp < 2:
+        return []
+    try:
+        counts = pipeline_layer_counts(config)
+    except ValueError:  # reported by the pipeline split's own check
+        return []
+    pattern = moe_layer_pattern(config.num_layers, config.moe_layer_freq)
+    has_experts, offset = [False] * pp, 0
+    for chunk in counts:  # virtual stages in execution order, each over the pipeline ranks
+        for rank, count in enumerate(chunk):
+            has_experts[rank] |= any(pattern[offset:offset + count])
+            offset += count
+    has_experts[-1] |= bool(config.mtp_num_layers and pattern[-1])  # its MTP layers are of the last layer's kind
+    dense = [rank for rank, moe in enumerate(has_experts) if not moe]
+    if not dense:
+        return []
+    return [f"pipeline rank(s) {dense} would hold only dense layers of this MoE model: a pipeline stage without "
+            "experts is not supported yet (the expert optimizer reduces its statistics over every stage); change "
+            "moe_layer_freq or the pipeline split"]
+
+
+def _group_routing_problems(config) -> list:
+    """Group-limited routing: both sizes or neither; groups divide the experts; the top-k fits the chosen groups."""
+    groups, group_topk, experts = config.moe_router_num_groups, config.moe_router_group_topk, config.num_moe_experts
+    if groups is None and group_topk is None:
+        return []
+    if groups is None or group_topk is None:
+        return ["group-limited routing needs both moe_router_num_groups and moe_router_group_topk "
+                f"(got {groups} and {group_topk})"]
+    if groups < 1 or experts % groups:
+        return [f"moe_router_num_groups ({groups}) must divide num_moe_experts ({experts}): {_divisors(experts)}"]
+    topk = config.moe_router_topk
+    if not 1 <= group_topk <= groups:
+        return [f"moe_router_group_topk ({group_topk}) must be between 1 and moe_router_num_groups ({groups})"]
+    if topk < group_topk or topk > group_topk * (experts // groups):
+        return [f"moe_router_topk ({topk}) must be between moe_router_group_topk ({group_topk}) and the "
+                f"{group_topk * (experts // groups)} experts of the chosen groups"]
+    return []

@@ -47,8 +47,9 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
 
 def set_aux_loss_scale(config, num_microbatches: int) -> None:
     """Before a training step: the aux losses' gradient scale, the main loss's (the loss scale, divided by
-    the microbatch count unless the loss is normalised per token). No-op for a dense model."""
-    if config.num_moe_experts is None:
+    the microbatch count unless the loss is normalised per token). The multi-token-prediction losses use it
+    too. No-op for a dense model without them."""
+    if config.num_moe_experts is None and not config.mtp_num_layers:
         return
     one = torch.ones(1, device=parallel_state.collective_device())
     scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one

@@ -3,7 +3,11 @@
     logits = x W^T                      x [T, h] (cast to fp32), W [E, h] -> [T, E], always in fp32
     softmax:          pre_softmax:  probs, idx = topk(softmax(logits), k)
                       otherwise:    top, idx = topk(logits, k);  probs = softmax(top)   (sums to 1)
-    sigmoid:          s = sigmoid(logits);  idx = topk(s + expert_bias, k);  probs = s[idx] / sum s[idx]
+    sigmoid:          s = sigmoid(logits);  idx = topk(s + expert_bias, k);  probs = s[idx] / sum s[idx] (k > 1)
+    group-limited (G groups, g of them per token; DeepSeek-V3): the experts form G equal groups; a token's top-k
+                      is taken over the experts of the g groups with the largest sums of their top-(k/g) scores
+                      (the same scores the plain top-k would rank: logits, softmax or sigmoid + bias)
+    scaling factor:   probs *= moe_router_topk_scaling_factor (DeepSeek-V3's routed_scaling_factor)
     sinkhorn:         idx = topk(Sinkhorn-balanced exp(logits), k) in training (load_balancing.py), probs the
                       sigmoid (k = 1) or softmax of the logits at idx; no load-balancing loss
     capacity (token dropping, factor c): each expert keeps at most ceil(k T / E * c) of this rank's T
@@ -51,6 +55,18 @@ def _drop_over_capacity(probs, routing_map, capacity: int, drop_policy: str):
     return probs * keep, keep
 
 
+def group_limited_topk(scores: torch.Tensor, topk: int, num_groups: int, group_topk: int):
+    """(values, indices) [T, k] of the top-k of `scores` [T, E] among the experts of each token's `group_topk`
+    best groups, a group scored by the sum of its top-(topk // group_topk) entries."""
+    tokens, experts = scores.shape
+    grouped = scores.view(tokens, num_groups, experts // num_groups)
+    group_scores = grouped.topk(topk // group_topk, dim=-1).values.sum(dim=-1)  # [T, G]
+    chosen_groups = torch.topk(group_scores, k=group_topk, dim=-1, sorted=False).indices
+    group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, chosen_groups, True)
+    expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(tokens, experts)
+    return torch.topk(scores.masked_fill(~expert_mask, float("-inf")), k=topk, dim=-1)
+
+
 def topk_routing_with_capacity(
     logits: torch.Tensor,
     topk: int,
@@ -59,21 +75,31 @@ def topk_routing_with_capacity(
     expert_bias: torch.Tensor | None = None,
     capacity_factor: float | None = None,
     drop_policy: str = "probs",
+    num_groups: int | None = None,
+    group_topk: int | None = None,
+    scaling_factor: float | None = None,
 ):
     """(probs [T, E], routing_map [T, E] bool) from fp32 logits [T, E] (see the module docstring)."""
+
+    def top(scores):
+        if group_topk:
+            return group_limited_topk(scores, topk, num_groups, group_topk)
+        return torch.topk(scores, k=topk, dim=1)
+
     if score_function == "softmax":
         if use_pre_softmax:
-            probs_topk, top_indices = torch.topk(torch.softmax(logits, dim=-1), k=topk, dim=1)
+            probs_topk, top_indices = top(torch.softmax(logits, dim=-1))
         else:
-            top_logits, top_indices = torch.topk(logits, k=topk, dim=1)
+            top_logits, top_indices = top(logits)
             probs_topk = torch.softmax(top_logits, dim=-1)
     else:
         scores = torch.sigmoid(logits)
-        choice = scores if expert_bias is None else scores + expert_bias
-        _, top_indices = torch.topk(choice, k=topk, dim=1)
+        _, top_indices = top(scores if expert_bias is None else scores + expert_bias)
         probs_topk = torch.gather(scores, 1, top_indices)
         if topk > 1:
             probs_topk = probs_topk / (probs_topk.sum(dim=-1, keepdim=True) + 1e-20)
+    if scaling_factor:
+        probs_topk = probs_topk * scaling_factor
     probs = torch.zeros_like(logits).scatter(1, top_indices, probs_topk)
     routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
     if capacity_factor is None:
@@ -126,7 +152,9 @@ class TopKRouter(MegatronModule):
 
     def _attach(self, activation, loss, coeff, name):
         if self.layer_number is not None and not _is_recomputation():
-            save_to_aux_losses_tracker(name, loss / coeff, self.layer_number, self.config.num_layers)
+            # Multi-token prediction layers follow the decoder's L layers in the tracker (numbers L + k).
+            num_layers = self.config.num_layers + (self.config.mtp_num_layers or 0)
+            save_to_aux_losses_tracker(name, loss / coeff, self.layer_number, num_layers)
         if self.config.calculate_per_token_loss:
             # finalize_model_grads divides every gradient by the global token count; undo it for this loss.
             loss = loss * activation.size(0)
@@ -185,6 +213,9 @@ class TopKRouter(MegatronModule):
                 expert_bias=self.expert_bias,
                 capacity_factor=self.config.moe_expert_capacity_factor,
                 drop_policy=self.config.moe_token_drop_policy,
+                num_groups=self.config.moe_router_num_groups,
+                group_topk=self.config.moe_router_group_topk,
+                scaling_factor=self.config.moe_router_topk_scaling_factor,
             )
         if training:
             if self.enable_expert_bias and not _is_recomputation():

@@ -32,8 +32,8 @@ def test_transformer_engine_spec_with_te_present_builds_the_local_layers(monkeyp
 
 
 def test_local_spec_rejects_features_that_do_not_exist_yet():
-    with pytest.raises(ValueError, match="multi_latent_attention=True is not supported yet"):
-        get_gpt_layer_local_spec(multi_latent_attention=True)
+    with pytest.raises(ValueError, match="qk_l2_norm=True is not supported yet"):
+        get_gpt_layer_local_spec(qk_l2_norm=True)
 
 
 def test_decoder_block_spec_follows_moe_layer_freq():

@@ -11,6 +11,7 @@ import pytest
 
 from megatron.training.checkpoint.dist_saving import finalize_async_save
 from megatron.training.checkpoint.format_conversion import save_in_converted_format
+from megatron.training.checkpoint.loading import load_train_state
 from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_checkpoint
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
 from tests.unit_tests.training.checkpoint.tiny_run import (
@@ -102,10 +103,9 @@ def test_either_format_loads_and_converts(tmp_path):
     model, optimizer, scheduler, args = _fresh(tmp_path / "torch", "--ckpt-format", "torch_dist",
                                                "--auto-detect-ckpt-format", "--ckpt-convert-format", "torch_dist",
                                                "--ckpt-convert-save", tmp_path / "converted")
-    args.iteration, args.num_floating_point_operations_so_far = load_checkpoint([model], optimizer, scheduler,
-                                                                                args=args)
+    state = load_train_state([model], optimizer, scheduler, args)
     assert_same(model_state(model), saved)
-    save_in_converted_format(args, [model], optimizer, scheduler)
+    save_in_converted_format(args, [model], optimizer, scheduler, state)
     assert args.save == str(tmp_path / "converted" / "torch_dist")
 
     model, optimizer, scheduler, args = _fresh(tmp_path / "converted" / "torch_dist", "--ckpt-format", "torch_dist")

@@ -1,5 +1,6 @@
 """tools/checkpoint/convert.py core -> core: TP/PP (and EP for mixture-of-experts) resharding round trips
-(bitwise), the shards against the split rules of reference 8.3/8.4 worked by hand, TP=2 and EP=2 models
+(bitwise; a DeepSeek-V3-shaped model with multi-latent attention and a multi-token-prediction layer too), the
+shards against the split rules of reference 8.3/8.4 worked by hand, TP=2 and EP=2 models
 loaded from converted shards against the TP=1 logits on 2 gloo ranks, vocabulary re-padding, and the
 errors."""
 
@@ -39,13 +40,14 @@ def _shard(directory, name):
     ("gpt2", ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]),
     ("llama", ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]),
     ("mixtral", [f"mp_rank_0{t}_00{p}_00{e}" for t in range(2) for p in range(2) for e in range(2)]),
+    ("deepseek_v3", [f"mp_rank_0{t}_00{p}_00{e}" for t in range(2) for p in range(2) for e in range(2)]),
 ])
 def test_tp_pp_and_ep_reshards_round_trip_bitwise(tmp_path, single_rank, name, ranks):
-    args = model_args(name)
+    args = model_args(name, *(["--mtp-num-layers", "1"] if name == "deepseek_v3" else []))
     model = build_model(args)
     save_model(model, args, str(tmp_path / "tp1"))
     original = read_torch_checkpoint(str(tmp_path / "tp1"))[0]
-    expert_parallel = ["--target-expert-parallel-size", 2] if name == "mixtral" else []
+    expert_parallel = ["--target-expert-parallel-size", 2] if args.num_experts else []
     _convert(tmp_path / "tp1", tmp_path / "tp2pp2", "--target-tensor-parallel-size", 2,
              "--target-pipeline-parallel-size", 2, *expert_parallel)
     assert sorted(os.listdir(tmp_path / "tp2pp2" / "iter_0000007")) == ranks
@@ -164,7 +166,7 @@ def _converted_logits(rank, world_size, checkpoints, tokens):
 
 def test_tp2_and_ep2_models_from_converted_shards_compute_the_tp1_logits(tmp_path, single_rank):
     tokens = torch.randint(0, TRUE_VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
-    layouts = {"gpt2": [(2, 1)], "llama": [(2, 1)], "mixtral": [(2, 1), (1, 2)]}  # (TP, EP)
+    layouts = {"gpt2": [(2, 1)], "llama": [(2, 1)], "mixtral": [(2, 1), (1, 2)], "deepseek_v3": [(2, 1), (1, 2)]}
     expected, checkpoints = {}, []
     for name, targets in layouts.items():
         args = model_args(name)

@@ -1,12 +1,16 @@
 """Export to Hugging Face with tools/checkpoint/convert.py, load with `transformers` from_pretrained, and import
 back: GPT-2-shaped (LayerNorm, learned positions, MHA, biases, tied), Llama-shaped (GQA, RoPE, SwiGLU,
-RMSNorm, untied, no biases), Qwen2-shaped (Llama with q/k/v biases) and Mixtral-shaped (Llama's attention,
-4 SwiGLU experts in every layer, top-2 routing) models; a Mistral model made by `transformers` imports.
-The export runs on a CPU without importing model code.
+RMSNorm, untied, no biases), Qwen2-shaped (Llama with q/k/v biases), Mixtral-shaped (Llama's attention,
+4 SwiGLU experts in every layer, top-2 routing), Qwen3-MoE-shaped (GQA with q/k norms and its own head
+width, a dense layer, then experts) and DeepSeek-V3-shaped models (multi-latent attention with YaRN, a dense
+layer, then group-limited sigmoid routing with expert bias, scaling factor and a shared expert; and MLA
+without query latent, plain RoPE, dense); a Mistral model made by `transformers` imports. The export runs on
+a CPU without importing model code.
 
 Tolerance: fp32 logits within atol 1e-4 of ours (the models differ only in summation order; observed
-~1e-6 at |logits| ~ 10, Mixtral ~5e-6 at |logits| ~ 7); a wrong GELU variant, a mis-ordered QKV or
-swapped expert w1/w3 moves them by > 1e-2.
+~1e-6 at |logits| ~ 10, Mixtral ~5e-6 at |logits| ~ 7); a wrong GELU variant, a mis-ordered QKV,
+swapped expert w1/w3, MLA's rotary channels not de-interleaved or a missing routing scaling factor move them
+by > 1e-2.
 """
 
 import json
@@ -19,6 +23,8 @@ import torch
 
 from megatron.core.inference.generation import generate_tokens
 from megatron.training.checkpoint_conversion.convert import main as convert
+from megatron.training.checkpoint_conversion.deepseek_v3_hf import deepseek_v3_config, deepseek_v3_export_problems
+from megatron.training.checkpoint_conversion.gpt_shape import gpt_shape_from_args
 from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
 from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
 from tests.unit_tests.training.checkpoint_conversion.gpt_models import (
@@ -56,6 +62,10 @@ def _export(tmp_path, name, *flags):
     ("llama", [], "LlamaForCausalLM"),
     ("llama", ["--add-qkv-bias"], "Qwen2ForCausalLM"),
     ("mixtral", [], "MixtralForCausalLM"),
+    ("qwen3_moe", [], "Qwen3MoeForCausalLM"),
+    ("qwen3_moe", ["--moe-router-pre-softmax"], "Qwen3MoeForCausalLM"),  # norm_topk_prob false
+    ("deepseek_v3", ["--mtp-num-layers", "1"], "DeepseekV3ForCausalLM"),  # the MTP layer as DeepSeek's layer L
+    ("deepseek_v3_dense", [], "DeepseekV3ForCausalLM"),
 ])
 def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, flags, architecture):
     model, hf = _export(tmp_path, name, *flags)
@@ -77,7 +87,8 @@ def test_export_logits_and_greedy_generation_match_transformers(tmp_path, name, 
     assert generate_tokens(model, [prompt], NEW_TOKENS, vocab_size=TRUE_VOCAB) == [expected]
 
 
-@pytest.mark.parametrize("name, flags", [("gpt2", []), ("llama", []), ("llama", ["--add-qkv-bias"]), ("mixtral", [])])
+@pytest.mark.parametrize("name, flags", [("gpt2", []), ("llama", []), ("llama", ["--add-qkv-bias"]), ("mixtral", []),
+                                         ("qwen3_moe", []), ("deepseek_v3", ["--mtp-num-layers", "1"])])
 def test_import_back_gives_bitwise_identical_weights(tmp_path, name, flags):
     model, _ = _export(tmp_path, name, *flags)
     convert(["--model-type", "GPT", "--loader", "hf", "--saver", "core", "--load-dir", str(tmp_path / "hf"),
@@ -147,7 +158,8 @@ def test_gpt2_tokenizer_files_are_copied_and_vocab_size_is_the_tokenizers(tmp_pa
 @pytest.mark.parametrize("flags, message", [
     (["--moe-layer-freq", "2"], "--moe-layer-freq with dense layers (Mixtral has experts in every layer)"),
     (["--moe-router-pre-softmax"], "--moe-router-pre-softmax (Mixtral renormalises the top-k weights)"),
-    (["--moe-shared-expert-intermediate-size", "64"], "--moe-shared-expert-intermediate-size is not supported yet"),
+    (["--moe-shared-expert-intermediate-size", "64"], "--moe-shared-expert-intermediate-size (Mixtral has no shared "
+                                                      "experts)"),
 ])
 def test_moe_models_mixtral_cannot_express_are_refused_by_name(tmp_path, flags, message):
     args = model_args("mixtral", *flags)
@@ -156,6 +168,20 @@ def test_moe_models_mixtral_cannot_express_are_refused_by_name(tmp_path, flags, 
         convert(["--model-type", "GPT", "--loader", "core", "--saver", "hf", "--load-dir", str(tmp_path / "megatron"),
                  "--save-dir", str(tmp_path / "hf"), "--true-vocab-size", str(TRUE_VOCAB)])
     assert not os.path.exists(tmp_path / "hf" / "config.json")
+
+
+def test_deepseek_v3_config_holds_the_routing_and_what_it_cannot_express_is_refused():
+    shape = gpt_shape_from_args(model_args("deepseek_v3"), TRUE_VOCAB)
+    config = deepseek_v3_config(shape, None, None)
+    routing = ("first_k_dense_replace", "n_group", "topk_group", "n_shared_experts", "routed_scaling_factor",
+               "norm_topk_prob")
+    assert [config[key] for key in routing] == [1, 4, 2, 1, 2.5, True]
+    assert config["rope_scaling"]["factor"] == 4 and "attention_factor" not in config["rope_scaling"]
+    refused = deepseek_v3_export_problems(gpt_shape_from_args(model_args("deepseek_v3", "--moe-router-topk", "6"),
+                                                              TRUE_VOCAB))
+    assert any("the top-k must be twice the group top-k" in problem for problem in refused)
+    assert deepseek_v3_export_problems(gpt_shape_from_args(model_args("llama"), TRUE_VOCAB))[0].startswith(
+        "no --multi-latent-attention")
 
 
 def _mistral(directory) -> "transformers.MistralForCausalLM":

@@ -5,8 +5,8 @@ the angle m * theta_i. Pairs are (x_i, x_{i + d/2}) by default - "rotate half", 
 convention - or (x_{2i}, x_{2i+1}) with `rotary_interleaved` (RoFormer / Meta's original code).
 `rotary_percent` < 1 rotates only the first d' = d * percent dimensions and passes the rest through.
 `seq_len_interpolation_factor` k divides positions by k (linear scaling); `rope_scaling` applies the
-Llama-3.1 frequency-dependent scaling. Like Megatron-LM, positions are 0..s-1 (position_ids are not
-used for RoPE).
+Llama-3.1 frequency-dependent scaling (YaRN is in yarn_rotary_pos_embedding.py). Like Megatron-LM,
+positions are 0..s-1 (position_ids are not used for RoPE).
 """
 
 import math
@@ -86,14 +86,29 @@ def _rotate_half(x: torch.Tensor, rotary_interleaved: bool) -> torch.Tensor:
     return torch.stack((-odd, even), dim=-1).flatten(-2)
 
 
-def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, config=None, rotary_interleaved: bool | None = None):
+def apply_rotary_pos_emb(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    config=None,
+    rotary_interleaved: bool | None = None,
+    mscale: float = 1.0,
+    mla_rotary_interleaved: bool = False,
+):
     """Rotates t [s, b, heads, d] by angles `freqs` [s, 1, 1, d']: x * cos + rotate_half(x) * sin on the
-    first d' dimensions. The interleaving comes from `config.rotary_interleaved` unless given."""
+    first d' dimensions, cos and sin multiplied by `mscale` (YaRN's concentration factor). The interleaving
+    comes from `config.rotary_interleaved` unless given.
+
+    `mla_rotary_interleaved` (multi-latent attention, DeepSeek's checkpoints): the rotated part is first
+    reordered from pairs (x_0, x_1), (x_2, x_3), ... into halves [x_0, x_2, ...; x_1, x_3, ...] and then
+    rotated as halves; the result stays in that order. Queries and keys are reordered alike, so q.k is that of
+    the rotation of the interleaved pairs."""
     if rotary_interleaved is None:
         rotary_interleaved = bool(config is not None and config.rotary_interleaved)
     freqs = freqs.to(t.device)
     rotary_dim = freqs.size(-1)
     t_rotary, t_pass = t[..., :rotary_dim], t[..., rotary_dim:]
-    cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+    if mla_rotary_interleaved:
+        t_rotary = torch.cat((t_rotary[..., 0::2], t_rotary[..., 1::2]), dim=-1)
+    cos, sin = (freqs.cos() * mscale).to(t.dtype), (freqs.sin() * mscale).to(t.dtype)
     t_rotary = t_rotary * cos + _rotate_half(t_rotary, rotary_interleaved) * sin
     return torch.cat((t_rotary, t_pass), dim=-1) if t_pass.numel() else t_rotary

@@ -20,8 +20,9 @@ class LanguageModule(MegatronModule):
         return loss.transpose(0, 1).contiguous()
 
     def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
-        """The word-embedding weight on the first stage, the output weight on the last, else None."""
-        if self.pre_process:
+        """The word-embedding weight where the stage has one (the first; the last with multi-token prediction),
+        else the output weight on the last stage, else None."""
+        if getattr(self, "embedding", None) is not None:
             return self.embedding.word_embeddings.weight
         if self.post_process:
             return self.output_layer.weight
@@ -34,22 +35,26 @@ class LanguageModule(MegatronModule):
         With PP > 1 the last stage has its own output weight: it is zeroed and all-reduced over the
         embedding group (first + last stage), which copies the first stage's values. After every backward
         the two grads are all-reduced over the same group (`shared_embedding` marks them for
-        finalize_model_grads), so both copies stay identical.
+        finalize_model_grads), so both copies stay identical. A last stage with multi-token prediction holds
+        a word embedding instead (its output layer then uses it when tied), copied and kept equal alike,
+        whether the output layer is tied or not.
         """
-        if self.pre_process:
+        if getattr(self, "embedding", None) is not None:
             self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
         if self.post_process and self.output_layer.weight is not None:
             self.output_layer.weight.is_embedding_or_output_parameter = True
-        if not self.share_embeddings_and_output_weights:
+        last_stage_embedding = bool(getattr(self.config, "mtp_num_layers", None))
+        if not (self.share_embeddings_and_output_weights or last_stage_embedding):
             return
         if parallel_state.get_pipeline_model_parallel_world_size() == 1:
             return
         if self.pre_process and not self.post_process:
             self.shared_embedding_or_output_weight().shared_embedding = True
         if self.post_process and not self.pre_process:
-            self.output_layer.weight.data.fill_(0)
-            self.output_layer.weight.shared = True
-            self.output_layer.weight.shared_embedding = True
+            copy = self.shared_embedding_or_output_weight()
+            copy.data.fill_(0)
+            copy.shared = True
+            copy.shared_embedding = True
         if dist.is_initialized() and parallel_state.is_rank_in_embedding_group():
             weight = self.shared_embedding_or_output_weight()
             # The weights may still be on the CPU here (get_model moves the model to the GPU afterwards);

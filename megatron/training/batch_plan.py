@@ -1,0 +1,142 @@
+"""The batch arithmetic of a run, in one place.
+
+Every optimizer step trains one global batch, cut into microbatches on each data-parallel rank:
+
+    global batch = micro batch size x data-parallel size x number of microbatches
+
+With `--rampup-batch-size START INCR SAMPLES` the global batch grows with the samples consumed
+(`ramped_global_batch_size` in megatron/core/num_microbatches_calculator.py); with
+`--decrease-batch-size-if-needed` a global batch that is no whole number of microbatches is rounded down
+(the "running" global batch size, the one trained and counted). Derived from these:
+
+    iterations for --train-samples    walk the ramp until it ends, then whole global batches (the last
+                                      partial one dropped), as Megatron's `update_train_iters`
+    samples of N iterations           N x global batch (scheduler lengths, evaluation passes, dataset sizes,
+                                      checkpoints that predate the consumed-samples counter)
+    dataset sizes                     train: --train-samples or iterations x global batch; validation:
+                                      (iterations // --eval-interval + 1) x --eval-iters x evaluation
+                                      global batch; test: --eval-iters x evaluation global batch
+                                      (Megatron's `get_train_valid_test_num_samples`)
+    evaluation passes                 --eval-global-batch-size in micro batches of --eval-micro-batch-size
+                                      (each defaults to its training counterpart)
+
+Megatron code reads the current values through `get_num_microbatches()` and friends: `install` builds that
+calculator from this plan, and the training loop moves it with the consumed samples.
+"""
+
+from dataclasses import dataclass
+
+from megatron.core.num_microbatches_calculator import (
+    init_num_microbatches_calculator,
+    num_microbatches_for,
+    ramped_global_batch_size,
+    update_num_microbatches,
+)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The batch of one optimizer step."""
+
+    global_batch_size: int  # what the schedule asks for at this point of the ramp-up
+    running_global_batch_size: int  # what is trained: rounded down under --decrease-batch-size-if-needed
+    num_microbatches: int  # per data-parallel rank
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Micro batch, data-parallel size, global batch and its ramp-up (module docstring)."""
+
+    micro_batch_size: int
+    data_parallel_size: int
+    global_batch_size: int
+    rampup_batch_size: tuple | None = None  # (start, increment, ramp-up samples)
+    decrease_batch_size_if_needed: bool = False
+    eval_micro_batch_size: int | None = None  # --eval-micro-batch-size (None: the training micro batch)
+    eval_global_batch_size: int | None = None  # --eval-global-batch-size (None: the training global batch)
+
+    @classmethod
+    def from_args(cls, args, data_parallel_size: int | None = None) -> "BatchPlan":
+        """The plan of validated arguments; `data_parallel_size` defaults to the one validation derived."""
+        rampup = None if args.rampup_batch_size is None else tuple(int(value) for value in args.rampup_batch_size)
+        return cls(
+            micro_batch_size=args.micro_batch_size,
+            data_parallel_size=data_parallel_size if data_parallel_size is not None else args.data_parallel_size,
+            global_batch_size=args.global_batch_size,
+            rampup_batch_size=rampup,
+            decrease_batch_size_if_needed=bool(args.decrease_batch_size_if_needed),
+            eval_micro_batch_size=getattr(args, "eval_micro_batch_size", None),
+            eval_global_batch_size=getattr(args, "eval_global_batch_size", None),
+        )
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches of the full global batch (the dry run, the memory estimate)."""
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
+
+    @property
+    def eval_micro(self) -> int:
+        """The micro batch of evaluation passes."""
+        return self.eval_micro_batch_size or self.micro_batch_size
+
+    @property
+    def eval_global(self) -> int:
+        """The global batch of one evaluation iteration."""
+        return self.eval_global_batch_size or self.global_batch_size
+
+    @property
+    def eval_num_microbatches(self) -> int:
+        """Microbatches of one evaluation iteration per data-parallel rank."""
+        return self.eval_global // (self.eval_micro * self.data_parallel_size)
+
+    def global_batch_size_at(self, consumed_samples: int) -> int:
+        """The global batch size once `consumed_samples` training samples were consumed."""
+        if self.rampup_batch_size is None:
+            return self.global_batch_size
+        start, increment, ramp_samples = self.rampup_batch_size
+        return ramped_global_batch_size(consumed_samples, self.global_batch_size, start, increment, ramp_samples)
+
+    def step_batch(self, consumed_samples: int) -> StepBatch:
+        """The batch of the step that starts after `consumed_samples` training samples."""
+        global_batch_size = self.global_batch_size_at(consumed_samples)
+        num_microbatches, running = num_microbatches_for(
+            global_batch_size, self.micro_batch_size, self.data_parallel_size, self.decrease_batch_size_if_needed
+        )
+        return StepBatch(global_batch_size, running, num_microbatches)
+
+    def samples(self, iterations: int) -> int:
+        """Samples of `iterations` full global batches."""
+        return iterations * self.global_batch_size
+
+    def train_iters(self, train_samples: int) -> int:
+        """Iterations that consume `train_samples` (module docstring): the ramp walked step by step (the step
+        that crosses its end included), then whole global batches."""
+        iterations = consumed = 0
+        if self.rampup_batch_size is not None:
+            ramp_samples = self.rampup_batch_size[2]
+            while consumed <= ramp_samples and consumed <= train_samples:
+                consumed += self.global_batch_size_at(consumed)
+                iterations += 1
+        if train_samples > consumed:
+            iterations += (train_samples - consumed) // self.global_batch_size
+        return iterations
+
+    def dataset_sizes(self, train_iters: int, train_samples: int | None, eval_interval: int | None,
+                      eval_iters: int) -> tuple[int, int, int]:
+        """(train, validation, test) samples the datasets must hold at least (module docstring)."""
+        train = train_samples if train_samples else self.samples(train_iters)
+        evaluations = train_iters // eval_interval + 1 if eval_interval else 1
+        return train, evaluations * eval_iters * self.eval_global, eval_iters * self.eval_global
+
+    def install(self, rank: int) -> None:
+        """Builds the process-wide calculator that `get_num_microbatches()` reads (and checks every batch size
+        the ramp-up can reach: a bad one raises here, before anything is built)."""
+        init_num_microbatches_calculator(
+            rank, None if self.rampup_batch_size is None else list(self.rampup_batch_size), self.global_batch_size,
+            self.micro_batch_size, self.data_parallel_size, self.decrease_batch_size_if_needed,
+        )
+
+    def move_calculator(self, consumed_samples: int, verbose: bool = False) -> None:
+        """Moves the process-wide calculator (`install`) to `consumed_samples`, for Megatron code that reads
+        the current batch through it."""
+        update_num_microbatches(consumed_samples, consistency_check=False, verbose=verbose)
