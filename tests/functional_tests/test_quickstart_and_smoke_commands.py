@@ -61,7 +61,7 @@ def _log_interval_of(script: str) -> int:
 def test_every_readme_smoke_command_logs_a_loss_line():
     readme = open(os.path.join(ROOT, "examples", "README.md")).read()
     blocks = re.findall(r"# CPU smoke test[^\n]*\n((?:.*\\\n)*.*\n)", readme)
-    assert len(blocks) == 5
+    assert len(blocks) == readme.count("# CPU smoke test") >= 5
     for block in blocks:
         words = block.replace("\\\n", " ").split()
         flags = dict(zip(words, words[1:]))

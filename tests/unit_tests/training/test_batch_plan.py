@@ -90,9 +90,20 @@ def test_schedule_in_samples_with_a_ramp():
     args = _args("--global-batch-size", "12", "--rampup-batch-size", "4", "4", "100", "--train-samples", "200",
                  "--lr-warmup-fraction", "0.1")
     plan = BatchPlan.from_args(args)
-    assert plan == BatchPlan(2, 1, 12, (4, 4, 100))
+    assert plan == BatchPlan(2, 1, 12, (4, 4, 100), eval_micro_batch_size=2, eval_global_batch_size=12)
     schedule = TrainingSchedule.from_args(args, plan)
     assert (schedule.train_iters, schedule.lr_warmup_steps, schedule.lr_decay_steps, schedule.wd_incr_steps) == (
         plan.train_iters(200), 20.0, 200, 200)
     schedule.publish(args)
     assert (args.train_iters, args.lr_decay_samples) == (plan.train_iters(200), 200)
+
+
+def test_evaluation_batches():
+    """Evaluation passes read --eval-global-batch-size in micro batches of --eval-micro-batch-size (each defaults
+    to its training counterpart); the validation and test datasets are sized in evaluation global batches."""
+    plan = BatchPlan(micro_batch_size=2, data_parallel_size=2, global_batch_size=16, eval_micro_batch_size=1,
+                     eval_global_batch_size=4)
+    assert (plan.eval_micro, plan.eval_global, plan.eval_num_microbatches) == (1, 4, 2)
+    assert plan.dataset_sizes(train_iters=10, train_samples=None, eval_interval=5, eval_iters=3) == (160, 36, 12)
+    default = BatchPlan(micro_batch_size=2, data_parallel_size=2, global_batch_size=16)
+    assert (default.eval_micro, default.eval_global, default.eval_num_microbatches) == (2, 16, 4)
