@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from megatron.core.transformer.moe.load_balancing import get_updated_expert_bias
-from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+from megatron.core.transformer.moe.moe_utils import (
+    MoEAuxLossAutoScaler,
+    clear_aux_losses_tracker,
+    get_moe_layer_wise_logging_tracker,
+)
 from megatron.core.transformer.moe.router import TopKRouter, topk_routing_with_capacity
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -96,6 +100,8 @@ def test_aux_and_z_loss_values_and_gradient(score_function):
     config = _config(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, moe_router_score_function=score_function)
     router = _router_with_weight(config)
     clear_aux_losses_tracker()
+    # The backward scale is process-wide; a training run earlier in this worker may have left 1/microbatches.
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0))
     x = torch.randn(6, 8)
     probs, _ = router(x, seq_length=6, batch_size=1)
     upstream = torch.randn(6, 4)
