@@ -28,6 +28,7 @@ import argparse
 import errno
 import hashlib
 import linecache
+import contextlib
 import os
 import sys
 import tempfile
@@ -114,16 +115,14 @@ def _claim(message: str) -> bool:
         now = time.time()
         for name in os.listdir(directory):
             path = os.path.join(directory, name)
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another rank removed it first
                 if now - os.path.getmtime(path) > _MARKER_LIFETIME_SECONDS:
                     os.remove(path)
-            except FileNotFoundError:
-                pass  # another rank removed it first
         os.close(os.open(os.path.join(directory, marker), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     except OSError:
-        pass  # no usable temporary directory: print rather than lose the message
+        return True  # no usable temporary directory: print rather than lose the message
     return True
 
 

@@ -174,7 +174,7 @@ def canonical_state(args, model, optimizer, scheduler) -> dict:
     """The state the module docstring describes, from either framework's objects."""
     chained = getattr(optimizer, "chained_optimizers", None)
     if chained is not None and len(chained) != 1:
-        raise NotImplementedError(f"{len(chained)} chained optimizers: only a single one is compared")
+        raise ValueError(f"{len(chained)} chained optimizers: comparing more than one is not supported yet")
     inner = chained[0] if chained else optimizer
     groups = {id(param): group for group in inner.optimizer.param_groups for param in group["params"]}
     params = {}

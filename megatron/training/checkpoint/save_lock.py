@@ -16,6 +16,7 @@ The same process taking the lock again (runs one after another in one interprete
 
 import atexit
 import json
+import contextlib
 import os
 import socket
 import sys
@@ -121,7 +122,6 @@ def release_save_lock(save_dir: str) -> None:
     holder = _read(path)
     me = _this_process()
     if holder and holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
-        try:
+        # OSError: the directory went away (a test's scratch directory), so nothing is left to release.
+        with contextlib.suppress(OSError):
             os.remove(path)
-        except OSError:
-            pass  # the directory went away (a test's scratch directory): nothing left to release
