@@ -65,8 +65,8 @@ class BatchPlan:
             global_batch_size=args.global_batch_size,
             rampup_batch_size=rampup,
             decrease_batch_size_if_needed=bool(args.decrease_batch_size_if_needed),
-            eval_micro_batch_size=getattr(args, "eval_micro_batch_size", None),
-            eval_global_batch_size=getattr(args, "eval_global_batch_size", None),
+            eval_micro_batch_size=args.eval_micro_batch_size,
+            eval_global_batch_size=args.eval_global_batch_size,
         )
 
     @property

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import parallel_state
+from .data_parallel_base import _BaseDataParallel
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_buffer import _ParamAndGradBuffer
 
@@ -83,7 +84,7 @@ def _weak_method(method):
     return call
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(_BaseDataParallel):
     """Wraps `module`; its params get `main_grad` buffers that are reduced over data-parallel ranks.
 
     `config` is the model's TransformerConfig (read: `calculate_per_token_loss`, and in
@@ -99,10 +100,8 @@ class DistributedDataParallel(torch.nn.Module):
         module: torch.nn.Module,
         disable_bucketing: bool = False,
     ):
-        super().__init__()
-        self.config = config
+        super().__init__(config, module)
         self.ddp_config = ddp_config
-        self.module = module
         calculate_per_token_loss = getattr(config, "calculate_per_token_loss", False)
         if calculate_per_token_loss and ddp_config.average_in_collective:
             raise ValueError(
@@ -208,9 +207,6 @@ class DistributedDataParallel(torch.nn.Module):
         if param_sync:
             self.start_param_sync(force_sync=True)
 
-    def forward(self, *inputs, **kwargs):
-        return self.module(*inputs, **kwargs)
-
     @contextmanager
     def no_sync(self):
         """Gradients accumulate locally inside; no reduction is launched until the context exits."""
@@ -265,16 +261,3 @@ class DistributedDataParallel(torch.nn.Module):
         for param in self.module.parameters():
             group = self.dp_cp_group if getattr(param, "allreduce", True) else self.expert_dp_group
             dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
-
-    def state_dict(self, destination=None, prefix="", keep_vars=False):
-        """The wrapped module's state dict (no `module.` prefix), so checkpoints match the bare model."""
-        return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-
-    def load_state_dict(self, state_dict, strict: bool = True):
-        return self.module.load_state_dict(state_dict, strict=strict)
-
-    def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
-        return self.module.state_dict_for_save_checkpoint(prefix=prefix, keep_vars=keep_vars)
-
-    def sharded_state_dict(self, *args, **kwargs):
-        return self.module.sharded_state_dict(*args, **kwargs)

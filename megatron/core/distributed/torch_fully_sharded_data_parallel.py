@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .. import parallel_state
+from .data_parallel_base import _BaseDataParallel
 from ..dtensor_shards import is_fully_sharded, local_tensor
 from ..models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from ..transformer.transformer_layer import TransformerLayer
@@ -71,7 +72,7 @@ def _param_attributes(module: torch.nn.Module) -> Dict[str, dict]:
     return {name: dict(vars(param)) for name, param in module.named_parameters()}
 
 
-class TorchFullyShardedDataParallel(torch.nn.Module):
+class TorchFullyShardedDataParallel(_BaseDataParallel):
     """Wraps `module` (a model chunk on its device, not in a Float16Module) and shards it in place, in fp32;
     the interface of `DistributedDataParallel`, for the training loop and `finalize_model_grads`.
 
@@ -83,10 +84,8 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
 
     def __init__(self, config, ddp_config, module: torch.nn.Module, disable_bucketing: bool = False,
                  process_group=None):
-        super().__init__()
-        self.config = config
+        super().__init__(config, module)
         self.ddp_config = ddp_config
-        self.module = module
         if ddp_config.use_distributed_optimizer:
             raise ValueError("FSDP shards the optimizer state itself: it cannot be combined with the distributed "
                              "optimizer (--use-distributed-optimizer)")
@@ -149,9 +148,6 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
             if dist.get_world_size(self.process_group) > 1:
                 dist.broadcast(param.data, src=source, group=self.process_group)
 
-    def forward(self, *inputs, **kwargs):
-        return self.module(*inputs, **kwargs)
-
     @contextmanager
     def no_sync(self):
         """Nothing to hold back: each microbatch's gradients are reduce-scattered into the shards (module
@@ -184,16 +180,3 @@ class TorchFullyShardedDataParallel(torch.nn.Module):
 
     def broadcast_params(self) -> None:
         """Done before sharding, in the constructor."""
-
-    def state_dict(self, destination=None, prefix="", keep_vars=False):
-        """The wrapped module's state dict (DTensor shards, no `module.` prefix)."""
-        return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-
-    def load_state_dict(self, state_dict, strict: bool = True):
-        return self.module.load_state_dict(state_dict, strict=strict)
-
-    def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
-        return self.module.state_dict_for_save_checkpoint(prefix=prefix, keep_vars=keep_vars)
-
-    def sharded_state_dict(self, *args, **kwargs):
-        return self.module.sharded_state_dict(*args, **kwargs)
