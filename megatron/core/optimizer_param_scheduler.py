@@ -252,5 +252,7 @@ class OptimizerParamScheduler:
                     self.wd_incr_steps, state_dict["wd_incr_steps"],
                     "weight-decay ramp length (--train-iters x global batch size, or --train-samples)", unit="samples",
                 )
+            elif self.use_checkpoint_opt_param_scheduler and not self.override_opt_param_scheduler:
+                self.wd_incr_steps = state_dict["wd_incr_steps"]  # unused, kept as Megatron-LM keeps it
         self.num_steps = 0
         self.step(saved("num_iters", "num_steps"))

@@ -1,7 +1,8 @@
-"""Checkpoints written by the real Megatron-LM (main, Aug 2026: `pretrain_gpt.py --transformer-impl local` on a
-GPU, tests/fixtures/megatron_lm/gpu1, made by tools/megatron_interop/make_fixtures.py; the exact commands and
-losses are in runs.json) resume here on the CPU: `pretrain_gpt.py --load` of the iteration-10 checkpoint
-trains iterations 11..20 with the losses of Megatron-LM's uninterrupted run.
+"""Checkpoints written by the real Megatron-LM (main, Aug 2026: `pretrain_gpt.py --transformer-impl local` on
+one GPU, tests/fixtures/megatron_lm/gpu1, and on two, tests/fixtures/megatron_lm/gpu2 (TP=2, PP=2, DP=2), made
+by tools/megatron_interop/make_fixtures.py; the exact commands and losses are in each runs.json) resume here
+on the CPU: `pretrain_gpt.py --load` of the iteration-10 checkpoint, in the same layout (two gloo processes
+for the gpu2 ones), trains iterations 11..20 with the losses of Megatron-LM's uninterrupted run.
 
 Formats and optimizers: torch (model_optim_rng.pt, with distrib_optim.pt for the distributed optimizer) and
 torch_dist (Megatron main's layout: the common state inside the DCP files, stacked layers, the distributed
@@ -32,16 +33,18 @@ from .test_tensor_parallel_training import pretrain_gpt
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "megatron_lm")
 DATA = os.path.join(FIXTURES, "data")
-GPU1 = os.path.join(FIXTURES, "gpu1")
-RUNS = json.load(open(os.path.join(GPU1, "runs.json")))["runs"]
+RUNS = {config: run for gpus in ("gpu1", "gpu2")
+        for config, run in json.load(open(os.path.join(FIXTURES, gpus, "runs.json")))["runs"].items()}
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-4}
 LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: (\S+) \|")
 RESUMED = ["torch-fp32-adam-tp1", "torch-fp32-distopt-tp1", "torch-bf16-distopt-tp1", "dist-fp32-adam-tp1",
-           "dist-fp32-distopt-tp1", "dist-bf16-distoptfr-tp1"]
+           "dist-fp32-distopt-tp1", "dist-bf16-distoptfr-tp1", "torch-fp32-distopt-tp2", "dist-bf16-distopt-pp2",
+           "dist-fp32-distoptfr-dp2"]
 
 
 def checkpoint(config: str) -> str:
-    return os.path.join(GPU1, "megatron", config, "checkpoint")
+    gpus = "gpu1" if config.endswith("-tp1") else "gpu2"
+    return os.path.join(FIXTURES, gpus, "megatron", config, "checkpoint")
 
 
 def resume_command(config: str, scratch: str) -> list:
@@ -60,7 +63,11 @@ def losses(output: str) -> dict:
 
 @pytest.mark.parametrize("config", RESUMED)
 def test_megatron_checkpoint_resumes_with_megatrons_losses(config, tmp_path):
-    result = run("pretrain_gpt.py", resume_command(config, str(tmp_path)), env={"CUDA_VISIBLE_DEVICES": ""})
+    argv = resume_command(config, str(tmp_path))
+    if config.endswith("-tp1"):
+        result = run("pretrain_gpt.py", argv, env={"CUDA_VISIBLE_DEVICES": ""})
+    else:
+        result = pretrain_gpt(2, argv)
     resumed, expected = losses(result.stdout), RUNS[config]["losses"]
     assert sorted(resumed) == list(range(11, 21)), result.stdout[-3000:]
     tolerance = TOLERANCE[config.split("-")[1]]
@@ -109,3 +116,19 @@ def test_inspector_reports_megatrons_torch_dist_layout():
                  "optimizer state (dp_reshardable): exp_avg x 1, exp_avg_sq x 1, param x 1"):
         assert line in report, line
     assert re.search(r"decoder\.layers\.self_attention\.linear_qkv\.weight +\(2, 192, 64\) +float32", report)
+
+
+def test_convert_merges_megatrons_tp2_checkpoint_and_the_merged_model_has_its_loss(tmp_path):
+    """convert.py merges Megatron-LM's TP=2 torch checkpoint into one TP=1 file; resumed on one process (weights
+    only: the merged file has no optimizer state), the first iteration's loss is Megatron-LM's (fp32, 1e-5)."""
+    config = "torch-fp32-distopt-tp2"
+    convert(["--model-type", "GPT", "--load-dir", checkpoint(config), "--save-dir", str(tmp_path / "tp1"),
+             "--target-tensor-parallel-size", "1", "--true-vocab-size", "512"])
+    argv = resume_command(config, str(tmp_path))
+    argv[argv.index("--load") + 1] = str(tmp_path / "tp1")
+    for flag in ("--tensor-model-parallel-size", "--use-distributed-optimizer"):
+        index = argv.index(flag)
+        del argv[index:index + (2 if flag.startswith("--tensor") else 1)]
+    argv[argv.index("--train-iters") + 1] = "11"
+    result = run("pretrain_gpt.py", argv + ["--no-load-optim", "--no-load-rng"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert losses(result.stdout)[11] == pytest.approx(RUNS[config]["losses"]["11"][0], rel=TOLERANCE["fp32"])

@@ -108,8 +108,10 @@ def largest(modes: list[str], first_layers: int) -> list[str]:
             except subprocess.TimeoutExpired:
                 output = None
             if output is None:
+                print(f"{name}: {layers} layers do not fit", flush=True)
                 break
             fitted = (layers, median_after_warmup(r"tokens/s/GPU: ([0-9.]+)", output), peak_gib(output))
+            print(f"{name}: {layers} layers train at {fitted[1]:.0f} tokens/s/GPU, {fitted[2]:.1f} GiB", flush=True)
             layers += LAYER_STEP
         too_large = f"{layers} layers, {llama_parameters(layers):.1f}B" if layers <= LAST_LAYERS else "none tried"
         if fitted is None:

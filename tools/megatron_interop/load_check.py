@@ -12,7 +12,8 @@ For each one-process configuration of `configs.py` (default: all ten):
    project's own loader;
 3. the two must be identical: iteration, consumed samples, floating-point operations, scheduler state, and
    per parameter the model weights, fp32 main params, Adam's moments and step, learning rate, weight decay,
-   betas and eps (bit for bit: both read the same file), the python/numpy/torch generators, and Megatron-LM's
+   betas and eps (bit for bit: both read the same file), each param with an Adam step tensor of its own,
+   the python/numpy/torch generators, and Megatron-LM's
    CUDA generator and tensor-parallel streams equal to those its own seeding gives (a checkpoint written on
    a CPU carries those, see megatron/training/checkpoint/rng.py);
 4. the baseline, where a fixture exists (`tests/fixtures/megatron_lm/gpu1/megatron/<config>`): the same with
@@ -41,7 +42,8 @@ from megatron_env import MegatronEnvironment
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "megatron_lm", "gpu1", "megatron")
-SCALARS = ("iteration", "consumed_train_samples", "floating_point_operations_so_far", "scheduler")
+SCALARS = ("iteration", "consumed_train_samples", "floating_point_operations_so_far", "scheduler",
+           "separate_steps")
 
 
 def load_state(framework: str, megatron: MegatronEnvironment, config: Config, checkpoint: str, out: str,

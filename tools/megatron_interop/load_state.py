@@ -16,10 +16,11 @@ gloo, world size 1 (both frameworks find torch.distributed started). `--fixes` i
 `megatron_fixes.py` first.
 
 The state written (`STATE.pt`): `iteration`, `consumed_train_samples`, `floating_point_operations_so_far`,
-`scheduler` (the scheduler's state dict), `params` {name: {model, main, exp_avg, exp_avg_sq (flattened
-fp32), step, lr, weight_decay, betas, eps}} with names as in the model (wrappers' `module.` dropped), and
-`rng` (python, numpy and torch CPU generators after the load; for Megatron-LM also its CUDA generator and
-tensor-parallel tracker, before and after the load). On failure: {"error": the traceback}.
+`scheduler` (the scheduler's state dict), `separate_steps` (no two params share one Adam step tensor),
+`params` {name: {model, main, exp_avg, exp_avg_sq (flattened fp32), step, lr, weight_decay, betas, eps}}
+with names as in the model (wrappers' `module.` dropped), and `rng` (python, numpy and torch CPU generators
+after the load; for Megatron-LM also its CUDA generator and tensor-parallel tracker, before and after the load).
+On failure: {"error": the traceback}.
 """
 
 import argparse
@@ -177,7 +178,7 @@ def canonical_state(args, model, optimizer, scheduler) -> dict:
         raise ValueError(f"{len(chained)} chained optimizers: comparing more than one is not supported yet")
     inner = chained[0] if chained else optimizer
     groups = {id(param): group for group in inner.optimizer.param_groups for param in group["params"]}
-    params = {}
+    params, step_tensors = {}, []
     for chunk in model:
         for name, param in chunk.named_parameters():
             while name.startswith("module."):
@@ -190,11 +191,14 @@ def canonical_state(args, model, optimizer, scheduler) -> dict:
                      "step": float(state["step"]) if "step" in state else None,
                      **{key: group[key] for key in ("lr", "weight_decay", "betas", "eps")}}
             params[name] = entry
+            step_tensors += [state["step"]] if isinstance(state.get("step"), torch.Tensor) else []
     scheduler_state = {key: value for key, value in scheduler.state_dict().items()
                        if isinstance(value, (int, float, str)) or value is None}
     return {"iteration": args.iteration, "consumed_train_samples": args.consumed_train_samples,
             "floating_point_operations_so_far": args.num_floating_point_operations_so_far,
             "scheduler": scheduler_state, "params": params,
+            # Adam advances each param's step tensor: one tensor shared by several params is advanced by each.
+            "separate_steps": len({id(step) for step in step_tensors}) == len(step_tensors),
             "rng": {"random": random.getstate(), "numpy": np.random.get_state()[1].copy(),
                     "torch": torch.get_rng_state()}}
 

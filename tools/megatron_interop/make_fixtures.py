@@ -13,8 +13,9 @@ checkpoints, the baseline where it cannot resume a configuration at all):
   tests resume from (`tests/functional_tests/test_megatron_interop.py`).
 - `ours`: this project's `pretrain_gpt.py` trains the same configuration on the CPU (as a user without a GPU
   would save it), 20 iterations saving at 10; Megatron-LM then `--load`s that iteration-10 checkpoint and
-  trains 11..20 on the GPU. Its losses must equal ours: fp32 within `--rtol` (1e-5) relative; bf16 runs
-  are reported with their largest difference (CPU and GPU bf16 GEMMs round differently).
+  trains 11..20 on the GPU. Its losses must equal ours: fp32 within `--rtol` (1e-5) relative, bf16 within
+  `--bf16-rtol` (1e-3: CPU and GPU bf16 GEMMs round differently, 3e-5 measured where the state is right;
+  an optimizer state read wrongly shows as 5e-3 and more).
 
 Megatron-LM's console line of a run's second iteration is the mean of its first two (see
 `megatron_logged`): a resumed run's line of iteration 12 is compared with the mean of 11 and 12.
@@ -149,7 +150,7 @@ class Runner:
         return {"config": config.name, "direction": "megatron", "processes": config.processes,
                 "megatron_run": record}
 
-    def megatron_resumes_itself(self, config: Config, gpu: int, rtol: float) -> dict:
+    def megatron_resumes_itself(self, config: Config, gpu: int, rtols: dict) -> dict:
         """Megatron-LM writes as in `megatron_writes`, then resumes its own iteration-10 checkpoint: the
         baseline that `ours` is judged against where Megatron-LM itself cannot resume a configuration."""
         result = self.megatron_writes(config, gpu)
@@ -160,11 +161,10 @@ class Runner:
         resumed = self._megatron_run(config, os.path.join(folder, "resume"), gpu, save=None,
                                      load=os.path.join(folder, "checkpoint"))
         result["megatron_resume"] = resumed
-        result["comparison"] = compare(result["megatron_run"]["losses"], resumed["losses"],
-                                       rtol if config.precision == "fp32" else None)
+        result["comparison"] = compare(result["megatron_run"]["losses"], resumed["losses"], rtols[config.precision])
         return result
 
-    def megatron_loads_ours(self, config: Config, gpu: int, rtol: float) -> dict:
+    def megatron_loads_ours(self, config: Config, gpu: int, rtols: dict) -> dict:
         """Ours trains 20 iterations on the CPU saving at 10; Megatron-LM resumes from 10 on the GPU."""
         folder = os.path.join(self.work, "ours", config.name)
         os.makedirs(folder)
@@ -176,7 +176,7 @@ class Runner:
         keep_iteration(checkpoint, SAVE_ITERATION)
         resumed = self._megatron_run(config, folder, gpu, save=None, load=checkpoint)
         result["megatron_resume"] = resumed
-        result["comparison"] = compare(ours["losses"], resumed["losses"], rtol if config.precision == "fp32" else None)
+        result["comparison"] = compare(ours["losses"], resumed["losses"], rtols[config.precision])
         return result
 
 
@@ -191,17 +191,17 @@ def megatron_logged(losses: dict, first: int) -> dict:
     return logged
 
 
-def compare(reference: dict, resumed: dict, rtol: float | None) -> dict:
+def compare(reference: dict, resumed: dict, rtol: float) -> dict:
     """Largest relative difference of the lm loss Megatron-LM's resumed run printed from what it prints for
     `reference`'s losses (megatron_logged), over the iterations after the checkpoint; `passed` against
-    `rtol` (None: reported only)."""
+    `rtol`."""
     expected = list(range(SAVE_ITERATION + 1, TRAIN_ITERATIONS + 1))
     missing = [i for i in expected if i not in resumed or i not in reference]
     if missing:
         return {"passed": False, "missing_iterations": missing}
     logged = megatron_logged({i: reference[i] for i in expected}, SAVE_ITERATION + 1)
     worst = max(abs(resumed[i][0] - logged[i]) / abs(logged[i]) for i in expected)
-    return {"max_rel_loss_diff": worst, "rtol": rtol, "passed": rtol is None or worst <= rtol}
+    return {"max_rel_loss_diff": worst, "rtol": rtol, "passed": worst <= rtol}
 
 
 def summarize(results: list[dict]) -> str:
@@ -281,6 +281,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="configuration names (default: all of --gpus)")
     parser.add_argument("--jobs", type=int, default=6, help="runs at the same time")
     parser.add_argument("--rtol", type=float, default=1e-5, help="fp32 loss tolerance of Megatron-LM's resume")
+    parser.add_argument("--bf16-rtol", type=float, default=1e-3, help="bf16 loss tolerance of Megatron-LM's resume")
     parser.add_argument("--megatron-fixes", action="store_true",
                         help="Megatron-LM's resumes run with megatron_fixes.py (its distributed-optimizer loaders)")
     parser.add_argument("--deadline", type=int, default=480,
@@ -296,6 +297,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="megatron-interop-")
     runner = Runner(MegatronEnvironment(args.megatron, work), work, args.gpus, time.time() + args.deadline,
                     args.megatron_fixes)
+    rtols = {"fp32": args.rtol, "bf16": args.bf16_rtol}
     jobs = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for index, config in enumerate(configs):
@@ -303,9 +305,9 @@ def main() -> None:
             if args.direction in ("megatron", "both"):
                 jobs.append(pool.submit(runner.megatron_writes, config, gpu))
             if args.direction in ("ours", "both"):
-                jobs.append(pool.submit(runner.megatron_loads_ours, config, gpu, args.rtol))
+                jobs.append(pool.submit(runner.megatron_loads_ours, config, gpu, rtols))
             if args.direction == "self":
-                jobs.append(pool.submit(runner.megatron_resumes_itself, config, gpu, args.rtol))
+                jobs.append(pool.submit(runner.megatron_resumes_itself, config, gpu, rtols))
         results = [job.result() for job in jobs]
     meta = {"megatron_commit": runner.megatron.commit, "gpus": args.gpus, "data": os.path.relpath(DATA, ROOT),
             "megatron_fixes": args.megatron_fixes,

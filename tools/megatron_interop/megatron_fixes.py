@@ -1,7 +1,8 @@
-"""Two fixes to Megatron-LM main's distributed-optimizer loaders, for runs with torch's Adam (no apex and no
+"""Three fixes to Megatron-LM main's distributed-optimizer loaders, for runs with torch's Adam (no apex and no
 Transformer Engine, as `--transformer-impl local` on a plain PyTorch install). Without them Megatron-LM
 cannot resume any distributed-optimizer checkpoint there, its own included; `load_check.py` shows that on
-the checkpoints Megatron-LM wrote itself (`tests/fixtures/megatron_lm/gpu1/megatron/`).
+the checkpoints Megatron-LM wrote itself (`tests/fixtures/megatron_lm/gpu1/megatron/`), and without the
+third it resumes them but trains on with the wrong Adam bias correction.
 
 1. `_set_main_param_and_optimizer_states`, which the torch-format (`distrib_optim.pt`) and `dp_reshardable`
    loaders call per param, copies the loaded tensors into the main param and Adam state outside
@@ -18,6 +19,12 @@ the checkpoints Megatron-LM wrote itself (`tests/fixtures/megatron_lm/gpu1/megat
    step, so a freshly built optimizer has none: `assert len(steps) == 1`. Fixed: before that call, the
    state torch's Adam would create at its first step is allocated (step 0, zero moments); the checkpoint's
    values then replace it, as with apex's or Transformer Engine's Adam.
+3. `load_state_dict` hands torch's Adam one `step` tensor for every param (it builds
+   `torch.tensor(step)` once and puts that object into each param's state; torch keeps a CPU step tensor as
+   given). Adam then adds 1 to it once per param at every step: after the first resumed step the step count
+   is 10 + (number of params) instead of 11, the bias correction is wrong and the losses drift from the
+   uninterrupted run's (5e-3 relative after 10 iterations of the tiny GPT; its own checkpoints too). Fixed:
+   each param gets its own copy after the load.
 
 `apply()` installs both (they change nothing else). As a runner, for Megatron-LM's own processes:
 
@@ -60,8 +67,18 @@ def _fixed_sharded_state_dict(original):
     return sharded_state_dict
 
 
+def _fixed_load_state_dict(original):
+    def load_state_dict(self, state_dict):
+        original(self, state_dict)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+    return load_state_dict
+
+
 def apply() -> None:
-    """Installs the two fixes on Megatron-LM's DistributedOptimizer (its source must be importable); does
+    """Installs the three fixes on Megatron-LM's DistributedOptimizer (its source must be importable); does
     nothing where Megatron-LM has apex's or Transformer Engine's Adam, whose loaders need neither."""
     from megatron.core.optimizer import distrib_optimizer
 
@@ -71,6 +88,7 @@ def apply() -> None:
     optimizer._set_main_param_and_optimizer_states = _fixed_set_main_param_and_optimizer_states(
         optimizer._set_main_param_and_optimizer_states)
     optimizer.sharded_state_dict = _fixed_sharded_state_dict(optimizer.sharded_state_dict)
+    optimizer.load_state_dict = _fixed_load_state_dict(optimizer.load_state_dict)
 
 
 if __name__ == "__main__":

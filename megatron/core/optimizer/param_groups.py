@@ -11,6 +11,12 @@ Every param lands in the group of its key
   is_decoupled_lr  `param.is_embedding_or_output_parameter` when a decoupled LR is configured
 
 Each group also carries `max_lr`/`min_lr`, which the scheduler decays between.
+
+Group order is Megatron-LM's, because a torch-format optimizer state indexes params by their position over
+all groups: every rank lists the union of the keys of all ranks (a pipeline stage without, say, decoupled-LR
+params holds that group empty), the group without overrides first, then the others sorted by their sorted
+(override name, value) pairs (`max_lr` for the decoupled LR, `lr_mult`, `wd_mult`); equal overrides keep
+the order in which the params first appear.
 """
 
 from typing import Callable, Dict, List, Optional, Tuple
@@ -45,9 +51,25 @@ def get_param_groups(
                 use_decoupled_learning_rate and getattr(param, "is_embedding_or_output_parameter", False),
             )
             params_by_key.setdefault(key, []).append(param)
+    keys = list(params_by_key)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        every_rank = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every_rank, keys)
+        keys = list(dict.fromkeys(keys + [key for rank_keys in every_rank for key in rank_keys]))
+    keys.sort(key=_megatron_order)
     # default_config: the group follows the run's own LR schedule (Megatron-LM logs the lr of such a group).
     return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key)), "default_config": key[1] == 1.0 and not key[3]}
-            for key, params in params_by_key.items()]
+            for key, params in ((key, params_by_key.get(key, [])) for key in keys)]
+
+
+def _megatron_order(key: Tuple) -> Tuple:
+    """Megatron-LM's sort key of a group: (has overrides, its overrides as sorted (name, value) pairs)."""
+    wd_mult, lr_mult, _, is_decoupled_lr = key
+    overrides = sorted(
+        [("max_lr", 0.0)] * is_decoupled_lr + [("lr_mult", lr_mult)] * (lr_mult != 1.0)
+        + [("wd_mult", wd_mult)] * (wd_mult != 1.0)
+    )
+    return (bool(overrides), tuple(overrides))
 
 
 def set_min_and_max_lr(

@@ -13,7 +13,7 @@ from megatron.core.optimizer import (
     OptimizerConfig,
     get_megatron_optimizer,
 )
-from megatron.core.optimizer.param_groups import reorder_saved_param_groups
+from megatron.core.optimizer.param_groups import get_param_groups, reorder_saved_param_groups
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from tests.unit_tests.dist_utils import run_distributed
 
@@ -79,6 +79,21 @@ def test_decoupled_lr_and_scaled_lr_groups():
     constant_scheduler(optimizer, 1e-3)
     assert by_param[id(model.norm.weight)]["lr"] == pytest.approx(1e-4)
     assert embedding["lr"] == pytest.approx(5e-3)
+
+
+def test_param_groups_are_in_megatrons_order_whatever_param_comes_first():
+    """A torch-format optimizer state indexes params by position over all groups, so the groups must be in
+    Megatron-LM's order (the group without overrides first, then the overrides sorted) for Megatron-LM to
+    read ours: a last pipeline stage starts with a norm weight (no weight decay) and still lists the decayed
+    group first."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4))
+    model[2].weight.is_embedding_or_output_parameter = True
+    model[2].bias.is_embedding_or_output_parameter = True
+    order = [(group["wd_mult"], group["is_decoupled_lr"], len(group["params"]))
+             for group in get_param_groups([model], use_decoupled_learning_rate=True)]
+    # default; decoupled (max_lr); decoupled + no decay (max_lr, wd_mult); no decay (wd_mult)
+    assert order == [(1.0, False, 1), (1.0, True, 1), (0.0, True, 1), (0.0, False, 2)]
+    assert [group["wd_mult"] for group in get_param_groups([model[:2]])] == [1.0, 0.0]
 
 
 def test_bf16_update_equals_fp32_adamw_on_the_master_copy():
