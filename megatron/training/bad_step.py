@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.parallel_state import collective_device
-from megatron.training.checkpoint.rng import get_rng_state, set_rng_state
+from megatron.training.checkpointing.rng import get_rng_state, set_rng_state
 from megatron.training.console import print_rank_0
 
 # Megatron's rerun state machine exits with 17 when a result fails validation.

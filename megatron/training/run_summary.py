@@ -12,7 +12,7 @@ run is over, if this run wrote it.
 import os
 import time
 
-from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
+from megatron.training.checkpointing.layout import get_checkpoint_tracker_filename
 
 _loaded = {}  # the checkpoint load_checkpoint read last in this process
 

@@ -36,10 +36,10 @@ from megatron.training.arguments import optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
 from megatron.training.banner import print_startup_banner
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpoint.dist_saving import finalize_async_save
-from megatron.training.checkpoint.format_conversion import save_in_converted_format
-from megatron.training.checkpoint.loading import load_train_state
-from megatron.training.checkpoint.saving import save_checkpoint
+from megatron.training.checkpointing.dist_saving import finalize_async_save
+from megatron.training.checkpointing.format_conversion import save_in_converted_format
+from megatron.training.checkpointing.loading import load_train_state
+from megatron.training.checkpointing.saving import save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import DataIterators, build_data_iterators
 from megatron.training.data_vocabulary import check_data_vocabulary

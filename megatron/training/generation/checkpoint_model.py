@@ -20,9 +20,9 @@ from megatron.core.dist_checkpointing.model_sharding import (
 )
 from megatron.training import global_vars
 from megatron.training.arguments import build_parser
-from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
-from megatron.training.checkpoint.reading import load_base_checkpoint
-from megatron.training.checkpoint.state_dict import load_model_state
+from megatron.training.checkpointing.layout import get_checkpoint_tracker_filename
+from megatron.training.checkpointing.reading import load_base_checkpoint
+from megatron.training.checkpointing.state_dict import load_model_state
 from megatron.training.tasks.gpt import model_provider
 from megatron.core.tokenizers import build_tokenizer
 
