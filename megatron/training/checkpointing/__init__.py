@@ -18,7 +18,8 @@ The modules, one concept each:
         save_failures.py    what a failed or interrupted save tells the user
         rng.py              python / numpy / torch / CUDA / tensor-parallel tracker RNG states
         state_dict.py       what a checkpoint holds (`generate_state_dict`) and the model chunks
-        checkpoint_args.py  the saved arguments: `check_checkpoint_args`, `load_args_from_checkpoint`
+        saved_args.py       the saved arguments as this version reads them (renamed ones, defaults)
+        checkpoint_args.py  checking them against this run, `load_args_from_checkpoint`
         reading.py          which checkpoint a run loads, and reading it
         fallback.py         resuming from the latest checkpoint intact on every rank
         saving.py           `save_checkpoint`

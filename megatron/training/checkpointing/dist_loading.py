@@ -47,7 +47,7 @@ from megatron.core.dist_checkpointing.strictness import describe, returns_mismat
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.fully_sharded_optimizer import FullyShardedOptimizer
 from megatron.training.checkpointing.dist_saving import rng_sharded_object
-from megatron.training.checkpointing.files import add_current_argument_names, report_unreadable_arguments
+from megatron.training.checkpointing.saved_args import add_current_argument_names, report_unreadable_arguments
 from megatron.training.checkpointing.state_dict import model_chunks, model_state_key
 from megatron.training.console import print_rank_0
 

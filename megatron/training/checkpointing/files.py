@@ -12,19 +12,11 @@ import zipfile
 import torch
 
 from megatron.core.atomic_write import write_atomically
-from megatron.core.dist_checkpointing.unpickling import (
-    holds_placeholders,
-    tolerant_pickle_module,
-    unreadable_arguments,
-)
-from megatron.training.console import print_rank_0
+from megatron.core.dist_checkpointing.unpickling import holds_placeholders, tolerant_pickle_module
+from megatron.training.checkpointing.saved_args import add_current_argument_names, report_unreadable_arguments
 
 # The `checkpoint_version` every torch-format file records (Megatron-LM writes 3.0).
 CHECKPOINT_VERSION = 3.0
-# The files whose unreadable arguments were reported (once per process).
-_reported_unreadable: list = []
-# Dests Megatron-LM renamed, {the name older checkpoints hold: the name now}.
-_RENAMED_ARGUMENTS = {"norm_epsilon": "layernorm_epsilon", "apply_layernorm_1p": "layernorm_zero_centered_gamma"}
 
 
 def save_atomically(obj, filename) -> None:
@@ -77,29 +69,3 @@ def load_checkpoint_file(filename):
     add_current_argument_names(state_dict)
     report_unreadable_arguments(state_dict, filename)
     return state_dict
-
-
-def add_current_argument_names(state_dict) -> None:
-    """Gives the saved arguments of an older checkpoint (an older Megatron-LM's, or this project's before
-    the rename) today's name of each renamed argument, so that readers use one name."""
-    args = state_dict.get("args") if isinstance(state_dict, dict) else None
-    if args is None:
-        return
-    for old, new in _RENAMED_ARGUMENTS.items():
-        if hasattr(args, old) and not hasattr(args, new):
-            setattr(args, new, getattr(args, old))
-
-
-def report_unreadable_arguments(state_dict, source) -> None:
-    """Says once per process which of the checkpoint's saved arguments hold classes this installation does
-    not have (Megatron-LM's own enums and configs: read as placeholders, see unpickling.py)."""
-    args = state_dict.get("args") if isinstance(state_dict, dict) else None
-    unreadable = unreadable_arguments(args) if args is not None else {}
-    if not unreadable or _reported_unreadable:
-        return
-    _reported_unreadable.append(source)
-    listed = ", ".join(f"{name} = {value}" for name, value in unreadable.items())
-    print_rank_0(
-        f"note: {len(unreadable)} argument(s) saved in {source} hold classes this installation does not have "
-        f"(written by another version of Megatron-LM); they were read as placeholders and are not used: {listed}"
-    )

@@ -7,7 +7,6 @@ are read for TP = PP = 1).
 """
 
 import argparse
-import copy
 import os
 
 import torch
@@ -19,7 +18,7 @@ from megatron.core.dist_checkpointing.model_sharding import (
     without_absent_extra_states,
 )
 from megatron.training import global_vars
-from megatron.training.arguments import build_parser
+from megatron.training.checkpointing.saved_args import with_current_defaults
 from megatron.training.checkpointing.layout import get_checkpoint_tracker_filename
 from megatron.training.checkpointing.reading import load_base_checkpoint
 from megatron.training.checkpointing.state_dict import load_model_state
@@ -68,10 +67,7 @@ def _checkpoint_args(state_dict: dict, checkpoint_name: str, sharded: bool) -> a
     for TP = PP = 1, a sharded one is read for TP = PP = 1."""
     if "args" not in state_dict:
         raise ValueError(f"{checkpoint_name} records no training arguments ('args'), so the model cannot be rebuilt")
-    args = copy.copy(state_dict["args"])
-    for name, default in vars(build_parser().parse_args([])).items():
-        if not hasattr(args, name):
-            setattr(args, name, default)
+    args = with_current_defaults(state_dict["args"])
     tensor_parallel = args.tensor_model_parallel_size
     pipeline_parallel = args.pipeline_model_parallel_size
     if sharded:

@@ -131,9 +131,6 @@ def megatron_to_deepseek_v3(state: dict, shape: GPTShape) -> dict:
     tokenizer's; with tied embeddings `lm_head.weight` is left out (HF ties it). Multi-token-prediction depths
     go where DeepSeek's checkpoints keep them, with their copies of the embedding and output weight
     (`embed_tokens`, `shared_head.head`); `transformers` does not load them."""
-    if shape.vocab_size is None:
-        raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
-                         "tokenizer files the checkpoint's arguments name")
     embedding, output = "embedding.word_embeddings.weight", "output_layer.weight"
     words = trim_to_tokenizer(state[embedding], shape.vocab_size, embedding)
     head = words if shape.tied_embeddings else trim_to_tokenizer(state[output], shape.vocab_size, output)

@@ -11,7 +11,7 @@ import torch
 from megatron.core.dist_checkpointing import ShardedTensor, load
 from megatron.core.dist_checkpointing.model_sharding import state_dict_names
 from megatron.core.dist_checkpointing.serialization import load_common_state_dict, saved_tensors
-from megatron.training.checkpointing.files import add_current_argument_names
+from megatron.training.checkpointing.saved_args import add_current_argument_names
 
 
 def _is_model_key(key: str) -> bool:

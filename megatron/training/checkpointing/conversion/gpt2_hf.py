@@ -69,9 +69,6 @@ def qkv_from_gpt2(c_attn: torch.Tensor, num_heads: int) -> torch.Tensor:
 def megatron_to_gpt2(state: dict, shape: GPTShape) -> dict:
     """GPT2LMHeadModel state dict from a full (TP=1, PP=1) GPTModel state dict; vocab rows trimmed to the
     tokenizer's. `lm_head.weight` is left out: it is tied to `transformer.wte.weight`."""
-    if shape.vocab_size is None:
-        raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
-                         "tokenizer files the checkpoint's arguments name")
     out = {
         "transformer.wte.weight": trim_to_tokenizer(state["embedding.word_embeddings.weight"], shape.vocab_size,
                                                     "embedding.word_embeddings.weight"),

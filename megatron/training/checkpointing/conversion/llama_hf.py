@@ -157,9 +157,6 @@ def megatron_to_llama(state: dict, shape: GPTShape) -> dict:
     """LlamaForCausalLM / Qwen2ForCausalLM / MixtralForCausalLM state dict from a full (TP=1, PP=1) GPTModel
     state dict; vocab rows trimmed to the tokenizer's. With tied embeddings `lm_head.weight` is left out (HF
     ties it)."""
-    if shape.vocab_size is None:
-        raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
-                         "tokenizer files the checkpoint's arguments name")
     embedding = "embedding.word_embeddings.weight"
     out = {
         "model.embed_tokens.weight": trim_to_tokenizer(state[embedding], shape.vocab_size, embedding),

@@ -59,9 +59,6 @@ def _layer_names(i: int, shape: GPTShape) -> tuple[list, list]:
 def megatron_to_qwen3_moe(state: dict, shape: GPTShape) -> dict:
     """Qwen3MoeForCausalLM state dict of a full (TP=1, PP=1) GPTModel state dict, vocab rows trimmed to the
     tokenizer's (`lm_head.weight` left out with tied embeddings)."""
-    if shape.vocab_size is None:
-        raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
-                         "tokenizer files the checkpoint's arguments name")
     embedding = "embedding.word_embeddings.weight"
     out = {"model.embed_tokens.weight": trim_to_tokenizer(state[embedding], shape.vocab_size, embedding),
            "model.norm.weight": state["decoder.final_layernorm.weight"]}

@@ -16,6 +16,7 @@ import os
 import re
 
 from megatron.core.dist_checkpointing import is_distributed_checkpoint
+from megatron.training.checkpointing.saved_args import with_current_defaults
 from megatron.training.checkpointing.files import (
     CHECKPOINT_VERSION,
     load_checkpoint_file,
@@ -37,17 +38,6 @@ from megatron.training.checkpointing.conversion.tensor_parallel_sharding import 
 )
 
 _RANK_DIRECTORY = re.compile(r"mp_rank_(\d{2})((?:_\d{3}){0,2})")
-
-
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy of a checkpoint's args with this project's defaults for options it did not record."""
-    from megatron.training.arguments import build_parser
-
-    args = copy.copy(args)
-    for option, default in vars(build_parser().parse_args([])).items():
-        if not hasattr(args, option):
-            setattr(args, option, default)
-    return args
 
 
 def iteration_directory(load_dir: str, iteration: int | None = None,
@@ -100,14 +90,14 @@ def read_torch_checkpoint(load_dir: str, iteration: int | None = None) -> tuple[
         state, args = read_dist_checkpoint(directory)
         if args is None:
             raise ValueError(f"{directory} records no training arguments ('args'), so its shape is unknown")
-        return state, _with_defaults(args), iteration, release
+        return state, with_current_defaults(args), iteration, release
     first_file = rank_files(directory)[(0, 0, 0)]
     first = load_checkpoint_file(first_file)
     if "args" not in first or "model" not in first:
         names = [key for key in first if key.startswith("model")]
         raise ValueError(f"{first_file} lacks 'args' or 'model' (it has {names}); virtual-pipeline checkpoints "
                          "(model0, model1, ...) are not supported yet")
-    args = _with_defaults(first["args"])
+    args = with_current_defaults(first["args"])
     tp, pp, ep = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.expert_model_parallel_size
     files = rank_files(directory, expert_parallel=ep > 1)
     missing = [rank for rank in itertools.product(range(tp), range(pp), range(ep)) if rank not in files]

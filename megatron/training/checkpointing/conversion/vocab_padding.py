@@ -17,8 +17,12 @@ def resize_vocab_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, padding], dim=0)
 
 
-def trim_to_tokenizer(tensor: torch.Tensor, vocab_size: int, name: str) -> torch.Tensor:
-    """The first `vocab_size` rows of a vocabulary tensor (the rest are padding)."""
+def trim_to_tokenizer(tensor: torch.Tensor, vocab_size: int | None, name: str) -> torch.Tensor:
+    """The first `vocab_size` rows of a vocabulary tensor (the rest are padding), for an export; None (the
+    tokenizer's size unknown) is refused."""
+    if vocab_size is None:
+        raise ValueError("the export needs the tokenizer's vocabulary size: give --true-vocab-size or keep the "
+                         "tokenizer files the checkpoint's arguments name")
     if tensor.shape[0] < vocab_size:
         raise ValueError(f"{name} has {tensor.shape[0]} vocabulary rows, fewer than the tokenizer's {vocab_size} "
                          "ids: the tokenizer (or --true-vocab-size) does not belong to this checkpoint")
