@@ -19,7 +19,8 @@ from megatron.core.dist_checkpointing.model_sharding import (
 )
 from megatron.training import global_vars
 from megatron.training.checkpointing.saved_args import with_current_defaults
-from megatron.training.checkpointing.layout import get_checkpoint_tracker_filename
+from megatron.training.checkpointing.fallback import saved_iterations
+from megatron.training.checkpointing.layout import get_checkpoint_name, get_checkpoint_tracker_filename
 from megatron.training.checkpointing.reading import load_base_checkpoint
 from megatron.training.checkpointing.state_dict import load_model_state
 from megatron.training.tasks.gpt import model_provider
@@ -50,7 +51,8 @@ def _read_checkpoint(load_dir: str, ckpt_step: int | None):
     request = argparse.Namespace(ckpt_step=ckpt_step, exit_on_missing_checkpoint=False, auto_detect_ckpt_format=True)
     state_dict, checkpoint_name, _ = load_base_checkpoint(load_dir, request, rank0=True)
     if state_dict is None:
-        iterations = sorted(name for name in os.listdir(load_dir) if name.startswith("iter_"))
+        iterations = [os.path.basename(get_checkpoint_name(load_dir, iteration, return_base_dir=True))
+                      for iteration in saved_iterations(load_dir)]
         hint = (
             f"it has {', '.join(iterations)}: pick one with --ckpt-step N" if iterations
             else "point --load at the --save directory of a training run"

@@ -54,7 +54,7 @@ def iteration_directory(load_dir: str, iteration: int | None = None,
     directory = get_checkpoint_name(load_dir, iteration, release, return_base_dir=True)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory} does not exist")
-    if os.path.isfile(os.path.join(directory, "metadata.json")) and not allow_distributed:
+    if is_distributed_checkpoint(directory) and not allow_distributed:
         raise ValueError(f"{directory} is a distributed (torch_dist) checkpoint; convert.py reads --ckpt-format "
                          "torch checkpoints only: turn it into one with the training script's --ckpt-convert-format "
                          "torch --ckpt-convert-save DIR")
