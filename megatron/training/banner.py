@@ -28,6 +28,7 @@ from megatron.core.fp8 import Fp8Recipe
 from megatron.core.optimizer import adam_step_kernel
 from megatron.doctor import ENVIRONMENT_VARIABLES
 from megatron.training.arguments.core_configs import ddp_config_from_args
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
 from megatron.training.parallel_layout import ParallelLayout
@@ -168,7 +169,7 @@ def _data_lines(args) -> list:
     weights = weights or [1.0] * len(prefixes)
     split = [float(part) for part in (args.split or "1").replace("/", ",").split(",") if part.strip()]
     train_fraction = split[0] / sum(split) if blend is not None else 1.0
-    train_tokens = args.train_iters * args.global_batch_size * args.seq_length
+    train_tokens = BatchPlan.from_args(args).samples(args.train_iters) * args.seq_length
     lines = [f"data (train): {train_tokens:,} tokens over {len(prefixes)} dataset(s)"]
     for prefix, weight in zip(prefixes, weights):
         share = weight / sum(weights)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from megatron.core.dist_checkpointing import is_distributed_checkpoint
 from megatron.core.num_microbatches_calculator import update_num_microbatches
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpointing.checkpoint_args import check_checkpoint_args
 from megatron.training.checkpointing.distrib_optim import load_distributed_optimizer_state
 from megatron.training.checkpointing.dist_loading import load_sharded_state
@@ -113,7 +114,7 @@ def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load
                                   check_parallel_sizes=not sharded)
         else:
             print_rank_0("could not find arguments in the checkpoint ...")
-    state = TrainState.from_checkpoint(state_dict, iteration, args.global_batch_size,
+    state = TrainState.from_checkpoint(state_dict, iteration, BatchPlan.from_args(args),
                                        restore_counters=not args.finetune)
 
     load_optimizer = not (release or args.finetune or args.no_load_optim)

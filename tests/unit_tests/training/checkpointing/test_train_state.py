@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpointing.files import load_checkpoint_file
 from megatron.training.checkpointing.loading import load_train_state
 from megatron.training.checkpointing.saving import save_checkpoint
@@ -14,6 +15,8 @@ from tests.unit_tests.training.checkpointing.tiny_run import BATCH_SIZE, build_r
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 MEGATRON_CHECKPOINT = os.path.join(ROOT, "tests", "fixtures", "megatron_lm", "gpu1", "megatron", "torch-fp32-adam-tp1",
                                    "checkpoint")
+# Megatron-LM's run (runs.json): --micro-batch-size 2 --global-batch-size 8 on one rank.
+PLAN_OF_8 = BatchPlan(micro_batch_size=2, data_parallel_size=1, global_batch_size=8)
 
 
 def test_state_dict_round_trip():
@@ -52,15 +55,15 @@ def test_checkpoint_round_trip_in_megatrons_keys(tmp_path, ckpt_format):
 def test_megatron_lm_checkpoint_counters():
     # Megatron-LM's run (runs.json): --global-batch-size 8, saved at iteration 10, no evaluation before it.
     saved = load_checkpoint_file(os.path.join(MEGATRON_CHECKPOINT, "iter_0000010", "mp_rank_00", "model_optim_rng.pt"))
-    state = TrainState.from_checkpoint(saved, 10, global_batch_size=8)
+    state = TrainState.from_checkpoint(saved, 10, plan=PLAN_OF_8)
     assert state.state_dict() == {"iteration": 10, "consumed_train_samples": 80, "skipped_train_samples": 0,
                                   "consumed_valid_samples": 0,
                                   "num_floating_point_operations_so_far": saved["num_floating_point_operations_so_far"]}
-    assert TrainState.from_checkpoint(saved, 0, global_batch_size=8, restore_counters=False) == TrainState(
+    assert TrainState.from_checkpoint(saved, 0, plan=PLAN_OF_8, restore_counters=False) == TrainState(
         num_floating_point_operations_so_far=saved["num_floating_point_operations_so_far"])
 
 
 def test_checkpoints_before_the_counters_consumed_iteration_times_global_batch():
-    assert TrainState.from_checkpoint({"iteration": 5}, 5, global_batch_size=8).consumed_train_samples == 40
+    assert TrainState.from_checkpoint({"iteration": 5}, 5, plan=PLAN_OF_8).consumed_train_samples == 40
     zero = type("Args", (), {"consumed_train_samples": 0})()
-    assert TrainState.from_checkpoint({"args": zero}, 5, global_batch_size=8).consumed_train_samples == 40
+    assert TrainState.from_checkpoint({"args": zero}, 5, plan=PLAN_OF_8).consumed_train_samples == 40
