@@ -32,10 +32,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state
-from megatron.core.parallel_state import collective_device
-from megatron.training.checkpoint.rng import get_rng_state, set_rng_state
+from megatron.training.checkpointing.rng import get_rng_state, set_rng_state
 from megatron.training.console import print_rank_0
+from megatron.training.parallel_layout import ParallelLayout
 
 # Megatron's rerun state machine exits with 17 when a result fails validation.
 EXIT_CODE_BAD_STEP = 17
@@ -53,16 +52,6 @@ class BadStepStop(Exception):
 
 def _ranks(flags: torch.Tensor, column: int) -> list:
     return [rank for rank, value in enumerate(flags[:, column].tolist()) if value]
-
-
-def _data_parallel_reduction() -> bool:
-    """True when gradients are reduced over several data (x context) parallel ranks (without model-parallel
-    groups, over all ranks)."""
-    if not dist.is_initialized():
-        return False
-    if parallel_state.model_parallel_is_initialized():
-        return parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1
-    return dist.get_world_size() > 1
 
 
 def _nonfinite(tensors) -> torch.Tensor:
@@ -84,10 +73,12 @@ class _Pending:
 class BadStepGuard:
     """Applies the checks and the policy of the module docstring; one per training run.
 
-    `optimizer` and `scheduler` (optional) are what a deferred verdict must take back: the optimizer's host
-    step count (`rewind_vetoed_update`) and the scheduler's samples (`step(-increment)`)."""
+    `layout` is this rank's place in the run (the flags are gathered from every rank; gradients are checked
+    before a data-parallel reduction when there is one). `optimizer` and `scheduler` (optional) are what a
+    deferred verdict must take back: the optimizer's host step count (`rewind_vetoed_update`) and the
+    scheduler's samples (`step(-increment)`)."""
 
-    def __init__(self, args, start_iteration: int, optimizer=None, scheduler=None):
+    def __init__(self, args, start_iteration: int, layout: ParallelLayout, optimizer=None, scheduler=None):
         self.check_nonfinite = bool(args.check_for_nan_in_loss_and_grad)
         self.check_spikes = bool(args.check_for_spiky_loss)
         self.policy = args.bad_step_policy
@@ -97,6 +88,11 @@ class BadStepGuard:
         # With --overlap-grad-reduce the reduction starts inside backward, and a full-iteration CUDA graph
         # replays backward and reduction without running this Python: both use the global norm.
         self.grads_before_reduction = not (args.overlap_grad_reduce or args.cuda_graph_impl == "full_iteration")
+        # Gradients are reduced over DP x CP: with more than one such rank, a rank's own gradients are checked
+        # before the reduction mixes them.
+        self.local_grads_checked = (self.check_nonfinite and self.grads_before_reduction
+                                    and layout.data_context_parallel_size > 1)
+        self.layout = layout
         self.optimizer, self.scheduler = optimizer, scheduler
         self.iteration = start_iteration
         self.skipped = 0
@@ -121,7 +117,7 @@ class BadStepGuard:
 
     def wrap_finalize(self, finalize_model_grads_func, model: list):
         """`finalize_model_grads_func` that first records whether this rank's own gradients are finite."""
-        if not (self.check_nonfinite and self.grads_before_reduction and _data_parallel_reduction()):
+        if not self.local_grads_checked:
             return finalize_model_grads_func
 
         def finalize_after_local_check(*args, **kwargs):
@@ -186,7 +182,7 @@ class BadStepGuard:
         self._settle(pending.iteration, pending.flags, {}, pending.rng_before, deferred=True)
 
     def _local_flags(self, loss_reports: list, loss_dict: dict, grad_norm) -> torch.Tensor:
-        device = collective_device()
+        device = self.layout.device
         local = torch.zeros(3, dtype=torch.int32, device=device)
         if self.check_nonfinite:
             local_losses = [torch.as_tensor(value).detach().float().view(-1)[:1]
@@ -238,12 +234,11 @@ class BadStepGuard:
         if self.check_spikes and loss_dict:
             self.recent_losses = (self.recent_losses + [float(next(iter(loss_dict.values())))])[-self.spike_window:]
 
-    @staticmethod
-    def _gather(local: torch.Tensor) -> torch.Tensor:
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """[world_size, 3] flags of every rank, on the collective device (no host sync)."""
-        if not dist.is_initialized():
+        if self.layout.world_size == 1:
             return local.view(1, -1)
-        gathered = [torch.zeros(3, dtype=torch.int32, device=local.device) for _ in range(dist.get_world_size())]
+        gathered = [torch.zeros(3, dtype=torch.int32, device=local.device) for _ in range(self.layout.world_size)]
         dist.all_gather(gathered, local)
         return torch.stack(gathered)
 
@@ -252,7 +247,7 @@ class BadStepGuard:
         if _ranks(flags, _LOSS):
             problems.append(f"non-finite loss on rank(s) {_ranks(flags, _LOSS)}")
         if _ranks(flags, _GRADS):
-            where = ("before the data-parallel reduction" if self.grads_before_reduction and _data_parallel_reduction()
+            where = ("before the data-parallel reduction" if self.local_grads_checked
                      else "(the global gradient norm)")
             problems.append(f"non-finite gradients on rank(s) {_ranks(flags, _GRADS)} {where}")
         if _ranks(flags, _SPIKE):

@@ -11,7 +11,8 @@
     data         each dataset of the blend with its weight and how many epochs of it the run will draw
     memory       the estimated memory per GPU (memory_estimate.py), for the recompute setting in use
 
-Collective: every rank calls `print_startup_banner` (one all-gather of each rank's coordinates).
+Collective: every rank calls `print_startup_banner` with its place in the layout (one all-gather of each
+rank's coordinates).
 """
 
 import os
@@ -20,7 +21,6 @@ import socket
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params
 from megatron.core.extensions import apex, flash_attn, transformer_engine
@@ -28,8 +28,10 @@ from megatron.core.fp8 import Fp8Recipe
 from megatron.core.optimizer import adam_step_kernel
 from megatron.doctor import ENVIRONMENT_VARIABLES
 from megatron.training.arguments.core_configs import ddp_config_from_args
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
+from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.training_log import num_floating_point_operations
 
 # Set or not, these change how a run behaves; the banner names them either way.
@@ -39,8 +41,9 @@ _PREFIXES = ("NCCL_", "TORCH_NCCL_", "NVTE_", "FI_", "CUDA_")
 _MAX_LISTED_RANKS = 32
 
 
-def _counted_here(param) -> bool:
-    """Whether this rank counts `param` in the model's total: each weight once over TP, DP x CP and EP.
+def _counted_here(param, layout: ParallelLayout) -> bool:
+    """Whether this rank (at `layout`) counts `param` in the model's total: each weight once over TP, DP x CP
+    and EP.
 
     A weight is split over TP (or expert-TP) or replicated on every TP rank (norms, row-parallel biases);
     dense weights repeat over DP x CP, expert weights over expert-DP; the last pipeline stage's copy of
@@ -50,22 +53,21 @@ def _counted_here(param) -> bool:
         return False
     split = getattr(param, "tensor_model_parallel", False)
     if not getattr(param, "allreduce", True):  # a routed expert's weight
-        return parallel_state.get_expert_data_parallel_rank() == 0 and (
-            split or parallel_state.get_expert_tensor_parallel_rank() == 0)
-    return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0 and (
-        split or parallel_state.get_tensor_model_parallel_rank() == 0)
+        return layout.expert_data_parallel_rank == 0 and (split or layout.expert_tensor_parallel_rank == 0)
+    return layout.data_context_parallel_rank == 0 and (split or layout.tensor_parallel_rank == 0)
 
 
-def _rank_coordinates(model) -> dict:
+def _rank_coordinates(model, layout: ParallelLayout) -> dict:
     return {
-        "counted": sum(param.numel() for chunk in model for param in chunk.parameters() if _counted_here(param)),
-        "rank": dist.get_rank(),
+        "counted": sum(param.numel() for chunk in model for param in chunk.parameters()
+                       if _counted_here(param, layout)),
+        "rank": layout.rank,
         "host": socket.gethostname(),
-        "tp": parallel_state.get_tensor_model_parallel_rank(),
-        "pp": parallel_state.get_pipeline_model_parallel_rank(),
-        "dp": parallel_state.get_data_parallel_rank(),
-        "cp": parallel_state.get_context_parallel_rank(),
-        "ep": parallel_state.get_expert_model_parallel_rank(),
+        "tp": layout.tensor_parallel_rank,
+        "pp": layout.pipeline_parallel_rank,
+        "dp": layout.data_parallel_rank,
+        "cp": layout.context_parallel_rank,
+        "ep": layout.expert_parallel_rank,
         "parameters": sum(param.numel() for chunk in model for param in chunk.parameters()),
     }
 
@@ -167,7 +169,7 @@ def _data_lines(args) -> list:
     weights = weights or [1.0] * len(prefixes)
     split = [float(part) for part in (args.split or "1").replace("/", ",").split(",") if part.strip()]
     train_fraction = split[0] / sum(split) if blend is not None else 1.0
-    train_tokens = args.train_iters * args.global_batch_size * args.seq_length
+    train_tokens = BatchPlan.from_args(args).samples(args.train_iters) * args.seq_length
     lines = [f"data (train): {train_tokens:,} tokens over {len(prefixes)} dataset(s)"]
     for prefix, weight in zip(prefixes, weights):
         share = weight / sum(weights)
@@ -203,10 +205,10 @@ def banner_lines(args, ranks: list, num_microbatches: int, parameters: int | Non
     ]
 
 
-def print_startup_banner(args, model: list, num_microbatches: int) -> None:
-    """Gathers every rank's coordinates and prints the banner on rank 0 (collective)."""
-    ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, _rank_coordinates(model))
-    if dist.get_rank() == 0:
+def print_startup_banner(args, model: list, num_microbatches: int, layout: ParallelLayout) -> None:
+    """Gathers every rank's coordinates (this one's from `layout`) and prints the banner on rank 0 (collective)."""
+    ranks = [None] * layout.world_size
+    dist.all_gather_object(ranks, _rank_coordinates(model, layout))
+    if layout.rank == 0:
         parameters = sum(entry["counted"] for entry in ranks)
         print("\n".join(banner_lines(args, ranks, num_microbatches, parameters)), flush=True)

@@ -27,7 +27,6 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel.host_group import broadcast_on_host
 
 GPT_BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
@@ -113,19 +112,24 @@ def _slots(payload: torch.Tensor, layout: dict) -> dict:
     return batch
 
 
-def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS) -> dict:
-    """`batch` (given on TP rank 0, ignored elsewhere) on every rank of the TP group, on `batch_device()`.
+def _is_source(tp_group) -> bool:
+    """Whether this rank is rank 0 of `tp_group` (None: a process without tensor-parallel peers)."""
+    return tp_group is None or dist.get_rank(tp_group) == 0
+
+
+def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS, *, tp_group) -> dict:
+    """`batch` (given on rank 0 of `tp_group`, ignored elsewhere) on every rank of the tensor-parallel group
+    `tp_group`, on `batch_device()`; `tp_group` None: this process alone (torch.distributed not initialised).
 
     Returns {key: tensor, or None where the batch lacks the key}. `batch=None` on TP rank 0 means there
     is no further batch: every rank of the group then raises StopIteration. Collective over the TP group.
     """
     device = batch_device()
-    is_source = parallel_state.get_tensor_model_parallel_rank() == 0
+    is_source = _is_source(tp_group)
     header, problems = _encode_header(batch if is_source else None, keys)
-    tensor_parallel = parallel_state.get_tensor_model_parallel_world_size() > 1
+    tensor_parallel = tp_group is not None and dist.get_world_size(tp_group) > 1
     if tensor_parallel:
-        group = parallel_state.get_tensor_model_parallel_group()
-        broadcast_on_host(header, group)
+        broadcast_on_host(header, tp_group)
     header = header.tolist()  # a CPU tensor: no device sync
     if header[0] == EXHAUSTED:
         raise StopIteration
@@ -141,17 +145,19 @@ def broadcast_batch(batch: Optional[dict], keys: Sequence[str] = GPT_BATCH_KEYS)
         for key, slot in received.items():
             if slot is not None:
                 slot.copy_(batch[key], non_blocking=True)
-    dist.broadcast(payload, group=group, group_src=0)
+    dist.broadcast(payload, group=tp_group, group_src=0)
     return received
 
 
-def get_batch_on_this_tp_rank(data_iterator: Optional[Iterator], keys: Sequence[str] = GPT_BATCH_KEYS) -> dict:
-    """The next microbatch of `data_iterator` on every rank of the TP group (Megatron's name).
+def get_batch_on_this_tp_rank(data_iterator: Optional[Iterator], keys: Sequence[str] = GPT_BATCH_KEYS, *,
+                              tp_group) -> dict:
+    """The next microbatch of `data_iterator` on every rank of the tensor-parallel group `tp_group` (Megatron's
+    name; Megatron-LM main's entry scripts likewise pass the group, as `broadcast_group`).
 
     Only TP rank 0 reads the iterator (the other ranks may pass None). An exhausted iterator raises
     StopIteration on every rank of the group.
     """
     batch = None
-    if parallel_state.get_tensor_model_parallel_rank() == 0 and data_iterator is not None:
+    if _is_source(tp_group) and data_iterator is not None:
         batch = next(data_iterator, None)
-    return broadcast_batch(batch, keys)
+    return broadcast_batch(batch, keys, tp_group=tp_group)

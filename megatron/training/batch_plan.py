@@ -4,6 +4,10 @@ Every optimizer step trains one global batch, cut into microbatches on each data
 
     global batch = micro batch size x data-parallel size x number of microbatches
 
+Without --global-batch-size a step is one microbatch (global batch = micro batch x DP). The sizes must
+divide: micro batch x DP divides the global batch (unless --decrease-batch-size-if-needed), the evaluation
+batch and every step of the ramp-up (`size_problems`, reported by the argument validation).
+
 With `--rampup-batch-size START INCR SAMPLES` the global batch grows with the samples consumed
 (`ramped_global_batch_size` in megatron/core/num_microbatches_calculator.py); with
 `--decrease-batch-size-if-needed` a global batch that is no whole number of microbatches is rounded down
@@ -57,12 +61,17 @@ class BatchPlan:
 
     @classmethod
     def from_args(cls, args, data_parallel_size: int | None = None) -> "BatchPlan":
-        """The plan of validated arguments; `data_parallel_size` defaults to the one validation derived."""
+        """The plan of the arguments (validated ones, or the values being validated: an unset global batch is
+        then one microbatch per step); `data_parallel_size` defaults to the one validation derived."""
         rampup = None if args.rampup_batch_size is None else tuple(int(value) for value in args.rampup_batch_size)
+        data_parallel_size = data_parallel_size if data_parallel_size is not None else args.data_parallel_size
+        global_batch_size = args.global_batch_size
+        if global_batch_size is None:
+            global_batch_size = args.micro_batch_size * data_parallel_size
         return cls(
             micro_batch_size=args.micro_batch_size,
-            data_parallel_size=data_parallel_size if data_parallel_size is not None else args.data_parallel_size,
-            global_batch_size=args.global_batch_size,
+            data_parallel_size=data_parallel_size,
+            global_batch_size=global_batch_size,
             rampup_batch_size=rampup,
             decrease_batch_size_if_needed=bool(args.decrease_batch_size_if_needed),
             eval_micro_batch_size=args.eval_micro_batch_size,
@@ -70,9 +79,19 @@ class BatchPlan:
         )
 
     @property
+    def samples_per_microbatch(self) -> int:
+        """Samples of one microbatch over all data-parallel ranks: micro batch x DP."""
+        return self.micro_batch_size * self.data_parallel_size
+
+    @property
+    def whole_microbatches(self) -> bool:
+        """Whether the global batch is a whole number of microbatches (micro batch x DP divides it)."""
+        return self.global_batch_size % self.samples_per_microbatch == 0
+
+    @property
     def num_microbatches(self) -> int:
         """Microbatches of the full global batch (the dry run, the memory estimate)."""
-        return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
+        return self.global_batch_size // self.samples_per_microbatch
 
     @property
     def eval_micro(self) -> int:
@@ -88,6 +107,38 @@ class BatchPlan:
     def eval_num_microbatches(self) -> int:
         """Microbatches of one evaluation iteration per data-parallel rank."""
         return self.eval_global // (self.eval_micro * self.data_parallel_size)
+
+    def size_problems(self, data_parallel: str) -> list[str]:
+        """What does not divide (module docstring), one message each; `data_parallel` describes the
+        data-parallel size in them (how it follows from the world size)."""
+        problems = []
+        per_microbatch = self.samples_per_microbatch
+        if not (self.whole_microbatches or self.decrease_batch_size_if_needed):
+            problems.append(f"global batch size {self.global_batch_size} is not a multiple of micro batch size "
+                            f"{self.micro_batch_size} x {data_parallel}; nearest valid: "
+                            f"{_nearest_multiples(self.global_batch_size, per_microbatch)}")
+        eval_micro, eval_global = self.eval_micro_batch_size, self.eval_global_batch_size
+        if None not in (eval_micro, eval_global) and min(eval_micro, eval_global) >= 1:
+            eval_per_microbatch = eval_micro * self.data_parallel_size
+            if eval_global % eval_per_microbatch:
+                problems.append(f"--eval-global-batch-size {eval_global} is not a multiple of --eval-micro-batch-size "
+                                f"{eval_micro} x {data_parallel}; nearest valid: "
+                                f"{_nearest_multiples(eval_global, eval_per_microbatch)}")
+        if self.rampup_batch_size is None or len(self.rampup_batch_size) != 3 or min(self.rampup_batch_size) < 1:
+            return problems  # a malformed ramp-up is the training section's to report
+        start, increment, _ = self.rampup_batch_size
+        gbs = self.global_batch_size
+        if start > gbs or (gbs - start) % increment:
+            problems.append(f"--rampup-batch-size: --global-batch-size {gbs} - start {start} = {gbs - start} must "
+                            f"be a non-negative multiple of the increment {increment}")
+        if not self.decrease_batch_size_if_needed:
+            # Step 0 is `start`, step 1 is `start + increment`: both multiples iff each one is.
+            steps = (("start", start), ("increment", increment)) if start < gbs else (("start", start),)
+            for name, value in steps:
+                if value % per_microbatch:
+                    problems.append(f"--rampup-batch-size {name} {value} is not a multiple of micro batch size "
+                                    f"{self.micro_batch_size} x {data_parallel}")
+        return problems
 
     def global_batch_size_at(self, consumed_samples: int) -> int:
         """The global batch size once `consumed_samples` training samples were consumed."""
@@ -140,3 +191,9 @@ class BatchPlan:
         """Moves the process-wide calculator (`install`) to `consumed_samples`, for Megatron code that reads
         the current batch through it."""
         update_num_microbatches(consumed_samples, consistency_check=False, verbose=verbose)
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    """The multiples of `step` around `value`, for a message."""
+    below = value // step * step
+    return f"{below} or {below + step}" if below > 0 else str(step)

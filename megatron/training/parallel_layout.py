@@ -1,7 +1,8 @@
 """This rank's place in the run's parallel layout, read once: the sizes, ranks and process groups the training
 loop needs, instead of asking `parallel_state` for each of them where it is used.
 
-    world size = tensor (TP) x pipeline (PP) x context (CP) x data (DP)      experts: EP within DP x CP
+    world size = tensor (TP) x pipeline (PP) x context (CP) x data (DP)
+    experts:     expert-tensor (ETP) x expert (EP) x expert-data (EDP), over the same ranks
 
 The data-parallel group below is DP without CP; gradients and loss sums are reduced over DP x CP (context
 parallel ranks hold different tokens of the same sequences), which `data_context_parallel_group` spans.
@@ -32,8 +33,12 @@ class ParallelLayout:
     context_parallel_rank: int
     data_parallel_size: int
     data_parallel_rank: int
+    data_context_parallel_rank: int  # within DP x CP
     expert_parallel_size: int
     expert_parallel_rank: int
+    expert_tensor_parallel_rank: int
+    expert_data_parallel_rank: int
+    tensor_parallel_group: object
     data_parallel_group: object
     data_context_parallel_group: object
     # Where small tensors for collectives live: the current GPU under NCCL, else the CPU.
@@ -54,8 +59,12 @@ class ParallelLayout:
             context_parallel_rank=parallel_state.get_context_parallel_rank(),
             data_parallel_size=parallel_state.get_data_parallel_world_size(),
             data_parallel_rank=parallel_state.get_data_parallel_rank(),
+            data_context_parallel_rank=parallel_state.get_data_parallel_rank(with_context_parallel=True),
             expert_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
             expert_parallel_rank=parallel_state.get_expert_model_parallel_rank(),
+            expert_tensor_parallel_rank=parallel_state.get_expert_tensor_parallel_rank(),
+            expert_data_parallel_rank=parallel_state.get_expert_data_parallel_rank(),
+            tensor_parallel_group=parallel_state.get_tensor_model_parallel_group(),
             data_parallel_group=parallel_state.get_data_parallel_group(),
             data_context_parallel_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
             device=parallel_state.collective_device(),

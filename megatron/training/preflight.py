@@ -8,7 +8,7 @@ or its datasets.
     data        each --data-path / per-split prefix names a .bin/.idx pair that opens (a directory, a path with
                 its extension, a weight out of place get their own message); each split of --split holds data;
                 a dataset made with another tokenizer is refused (megatron/core/datasets/tokenizer_record.py)
-    --save      a directory that can be written; then locked for this run (checkpoint/save_lock.py)
+    --save      a directory that can be written; then locked for this run (checkpointing/save_lock.py)
     --load      an iter_N directory is read as `--load <its parent> --ckpt-step N`; a Hugging Face model
                 is refused with the command that imports it; a checkpoint file with the directory to give
 
@@ -34,8 +34,8 @@ from megatron.core.datasets.split import (
 from megatron.core.datasets.tokenizer_record import check_dataset_tokenizer, tokenizer_fingerprint
 from megatron.core.tokenizers.build import tokenizer_problems
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpoint.layout import TRACKER_FILENAME
-from megatron.training.checkpoint.save_lock import acquire_save_lock
+from megatron.training.checkpointing.layout import TRACKER_FILENAME
+from megatron.training.checkpointing.save_lock import acquire_save_lock
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.train_schedule import TrainingSchedule
 

@@ -12,7 +12,7 @@ run is over, if this run wrote it.
 import os
 import time
 
-from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
+from megatron.training.checkpointing.layout import get_checkpoint_name, get_checkpoint_tracker_filename
 
 _loaded = {}  # the checkpoint load_checkpoint read last in this process
 
@@ -48,7 +48,8 @@ def _last_checkpoint(args, start_time: float) -> str:
         return f"none saved by this run in {args.save}"
     with open(tracker) as stream:
         saved = stream.read().strip()
-    return os.path.join(args.save, "release" if saved == "release" else f"iter_{int(saved):07d}")
+    release = saved == "release"
+    return get_checkpoint_name(args.save, 0 if release else int(saved), release=release, return_base_dir=True)
 
 
 def run_summary(args, start_time: float) -> str:

@@ -16,6 +16,8 @@ the argparse namespace, where Megatron-LM keeps them up to date (code written ag
 
 from dataclasses import asdict, dataclass, fields
 
+from megatron.training.batch_plan import BatchPlan
+
 # The counters Megatron-LM stores inside the checkpoint's `args`.
 ARGS_COUNTERS = ("consumed_train_samples", "skipped_train_samples", "consumed_valid_samples")
 # What Megatron-LM keeps up to date in `args` during the run.
@@ -53,14 +55,14 @@ class TrainState:
             setattr(self, field.name, state_dict[field.name])
 
     @classmethod
-    def from_checkpoint(cls, state_dict: dict, iteration: int, global_batch_size: int,
+    def from_checkpoint(cls, state_dict: dict, iteration: int, plan: BatchPlan,
                         restore_counters: bool = True) -> "TrainState":
         """The counters a loaded checkpoint file holds (its `args` entry, where Megatron keeps the sample
         counters, may be absent). `iteration` is the one to resume at (0 for a release checkpoint or a
         fine-tune). Without `restore_counters` (a fine-tune) the sample counters start at 0.
 
         A checkpoint that predates the consumed-samples counter (none recorded, or 0 after some
-        iterations) consumed `iteration x global batch size` training samples."""
+        iterations) consumed `iteration` global batches of this run's `plan` (Megatron's rule)."""
         state = cls(iteration=iteration,
                     num_floating_point_operations_so_far=state_dict.get("num_floating_point_operations_so_far", 0))
         if restore_counters:
@@ -68,7 +70,7 @@ class TrainState:
             for name in ARGS_COUNTERS:
                 setattr(state, name, getattr(checkpoint_args, name, 0))
             if state.consumed_train_samples == 0:
-                state.consumed_train_samples = iteration * global_batch_size
+                state.consumed_train_samples = plan.samples(iteration)
         return state
 
     def publish(self, args) -> None:

@@ -36,10 +36,10 @@ from megatron.training.arguments import optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
 from megatron.training.banner import print_startup_banner
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpoint.dist_saving import finalize_async_save
-from megatron.training.checkpoint.format_conversion import save_in_converted_format
-from megatron.training.checkpoint.loading import load_train_state
-from megatron.training.checkpoint.saving import save_checkpoint
+from megatron.training.checkpointing.dist_saving import finalize_async_save
+from megatron.training.checkpointing.format_conversion import save_in_converted_format
+from megatron.training.checkpointing.loading import load_train_state
+from megatron.training.checkpointing.saving import save_checkpoint
 from megatron.training.console import print_rank_0
 from megatron.training.data_iterators import DataIterators, build_data_iterators
 from megatron.training.data_vocabulary import check_data_vocabulary
@@ -97,7 +97,8 @@ class Trainer:
         self.build_data_iterators(datasets_provider)
         timers("train/valid/test-data-iterators-setup").stop()
         timers.log(["model-and-optimizer-setup", "train/valid/test-data-iterators-setup"], barrier=True)
-        print_startup_banner(args, self.model, self.plan.step_batch(self.state.consumed_train_samples).num_microbatches)
+        print_startup_banner(args, self.model, self.plan.step_batch(self.state.consumed_train_samples).num_microbatches,
+                             self.layout)
 
         if not args.skip_train and self.data.do_train:
             print_rank_0("training ...")
@@ -183,7 +184,8 @@ class Trainer:
         config.timers = self.timers
         config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
         self.exit_conditions = ExitConditions(args, self.start_time, self.layout.device)
-        self.bad_step_guard = BadStepGuard(args, self.state.iteration, optimizer, self.opt_param_scheduler)
+        self.bad_step_guard = BadStepGuard(args, self.state.iteration, self.layout, optimizer,
+                                           self.opt_param_scheduler)
         config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)
         self.progress_log = ProgressLog(args, self.state.num_floating_point_operations_so_far)
         self.progress_log.job_started()

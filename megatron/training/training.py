@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpoint.dist_saving import finalize_async_save
+from megatron.training.checkpointing.dist_saving import finalize_async_save
 from megatron.training.dry_run import dry_run
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 from megatron.training.initialize import initialize_megatron, parse_and_validate_args

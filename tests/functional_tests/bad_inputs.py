@@ -171,7 +171,7 @@ def _single_rank():
 
 def _checkpoint(scratch: str, save_flags: list, load_flags: list, damage: Callable[[str], None] = None) -> None:
     from megatron.training.checkpointing import load_checkpoint, save_checkpoint
-    from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args
+    from tests.unit_tests.training.checkpointing.tiny_run import build_run, make_args
 
     with _single_rank():
         args = make_args("--save", scratch, *save_flags)
@@ -214,8 +214,8 @@ def _entry_script_provider(task: str, provider: str, *flags, world_size: int = 1
 
 def _convert_mixtral(scratch: str, *flags, shape: tuple = ()) -> None:
     """tools/checkpoint/convert.py of a Mixtral-shaped checkpoint (4 experts) saved under `scratch`."""
-    from megatron.training.checkpoint_conversion.convert import main as convert
-    from tests.unit_tests.training.checkpoint_conversion.gpt_models import build_model, model_args, save_model
+    from megatron.training.checkpointing.conversion.convert import main as convert
+    from tests.unit_tests.training.checkpointing.conversion.gpt_models import build_model, model_args, save_model
 
     with _single_rank():
         args = model_args("mixtral", *shape)

@@ -102,7 +102,7 @@ def _hf_export(scratch: str) -> str:
 
 def _foreign_lock(scratch: str) -> str:
     """--save DIR whose lock names a live process on this host (this test's parent)."""
-    from megatron.training.checkpoint.save_lock import LOCK_NAME
+    from megatron.training.checkpointing.save_lock import LOCK_NAME
     from megatron.training.processes import process_start
 
     save = os.path.join(scratch, "ckpt")
@@ -130,13 +130,13 @@ def _changed_dtype_byte(scratch: str) -> None:
 def _failing_save(scratch: str, failure: BaseException) -> None:
     """Iteration 1 saved, then the save of iteration 2 fails inside torch.save with `failure`."""
     from megatron.training.checkpointing import save_checkpoint
-    from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args
+    from tests.unit_tests.training.checkpointing.tiny_run import build_run, make_args
 
     with _single_rank():
         args = make_args("--save", scratch)
         model, optimizer, scheduler = build_run(args, seed=1)
         save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
-        with mock.patch("megatron.training.checkpoint.files.torch.save", side_effect=failure):
+        with mock.patch("megatron.training.checkpointing.files.torch.save", side_effect=failure):
             save_checkpoint(2, [model], optimizer, scheduler, 0.0, args=args)
 
 
@@ -302,7 +302,7 @@ RUN_CASES = {
         after=_no_dataset_written),
     "convert-without-flags": BadInput(
         "`tools/checkpoint/convert.py` without its required flags",
-        lambda scratch: __import__("megatron.training.checkpoint_conversion.convert", fromlist=["x"]).main(
+        lambda scratch: __import__("megatron.training.checkpointing.conversion.convert", fromlist=["x"]).main(
             ["--model-type", "GPT"]),
         "error: the following arguments are required: --load-dir, --save-dir (see "),
 }

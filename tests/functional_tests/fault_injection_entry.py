@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 from megatron.core.atomic_write import write_atomically  # noqa: E402
 from megatron.training import trainer  # noqa: E402
-from megatron.training.checkpoint import saving  # noqa: E402
+from megatron.training.checkpointing import saving  # noqa: E402
 from megatron.training.global_vars import get_args  # noqa: E402
 
 KIND, RANK, ITERATION = os.environ["FAULT"].split(":")

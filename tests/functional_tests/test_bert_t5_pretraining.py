@@ -73,7 +73,7 @@ def _checkpoint_model(save_dir: str):
     from megatron.core.models.bert import BertModel
     from megatron.core.models.bert.bert_layer_specs import get_bert_layer_local_spec
     from megatron.training.arguments import core_transformer_config_from_args
-    from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
+    from megatron.training.checkpointing.conversion.torch_checkpoint import read_torch_checkpoint
 
     state, args, _, _ = read_torch_checkpoint(save_dir)
     model = BertModel(core_transformer_config_from_args(args), 2, get_bert_layer_local_spec(), args.padded_vocab_size,

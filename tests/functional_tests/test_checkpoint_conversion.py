@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from megatron.training.checkpoint_conversion.convert import main as convert
-from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_checkpoint
+from megatron.training.checkpointing.conversion.convert import main as convert
+from megatron.training.checkpointing.conversion.inspect_checkpoint import describe_checkpoint
 
 from .harness import read_scalars, run
 from .test_tensor_parallel_training import LLAMA, NO_DROPOUT, TINY, TOLERANCE, pretrain_gpt

@@ -24,9 +24,9 @@ import re
 import pytest
 import torch
 
-from megatron.training.checkpoint_conversion.convert import main as convert
-from megatron.training.checkpoint_conversion.inspect_checkpoint import describe_checkpoint
-from megatron.training.checkpoint_conversion.torch_checkpoint import read_torch_checkpoint
+from megatron.training.checkpointing.conversion.convert import main as convert
+from megatron.training.checkpointing.conversion.inspect_checkpoint import describe_checkpoint
+from megatron.training.checkpointing.conversion.torch_checkpoint import read_torch_checkpoint
 
 from .harness import ROOT, run
 from .test_tensor_parallel_training import pretrain_gpt

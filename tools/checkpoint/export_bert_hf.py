@@ -4,7 +4,7 @@
 
 Post-norm models (--apply-residual-connection-post-layernorm) become BertForPreTraining, Megatron's
 default pre-norm ones MegatronBertForPreTraining (...ForMaskedLM without the binary head). The logic
-lives in megatron/training/checkpoint_conversion/export_bert_hf.py.
+lives in megatron/training/checkpointing/conversion/export_bert_hf.py.
 """
 
 import sys
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
-from megatron.training.checkpoint_conversion.export_bert_hf import main  # noqa: E402
+from megatron.training.checkpointing.conversion.export_bert_hf import main  # noqa: E402
 from megatron.training.errors import run_entry_point  # noqa: E402
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ For each one-process configuration of `configs.py` (default: all ten):
    betas and eps (bit for bit: both read the same file), each param with an Adam step tensor of its own,
    the python/numpy/torch generators, and Megatron-LM's
    CUDA generator and tensor-parallel streams equal to those its own seeding gives (a checkpoint written on
-   a CPU carries those, see megatron/training/checkpoint/rng.py);
+   a CPU carries those, see megatron/training/checkpointing/rng.py);
 4. the baseline, where a fixture exists (`tests/fixtures/megatron_lm/gpu1/megatron/<config>`): the same with
    Megatron-LM's own checkpoint of that configuration, written by Megatron-LM on a GPU.
 

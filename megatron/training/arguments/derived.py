@@ -5,7 +5,7 @@ widths, the parameters' dtype, ...); `derive_values` adds those that need severa
 
     data_parallel_size = world size / (TP x PP x CP)
     global_batch_size  = micro batch x DP when unset (one microbatch per step); the evaluation batches
-                         default to the training ones
+                         default to the training ones (the batch plan's defaults, batch_plan.py)
     virtual pipeline stages and the interleaved schedule's defaults (validate_pipeline.py)
     couplings: no RoPE fusion without RoPE, no bias-GELU fusion without biases, the experts' width
     defaulting to the MLP's, no NaN check under fp16 dynamic loss scaling, --load from --save with
@@ -17,6 +17,7 @@ import argparse
 from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
 from megatron.training.arguments.validate_parallel import describe_data_parallel_size, world_size_problem
 from megatron.training.arguments.validate_pipeline import derive_pipeline_stages
+from megatron.training.batch_plan import BatchPlan
 from megatron.training.config.run_config import RunConfig
 
 
@@ -51,23 +52,24 @@ def _model_values(config: RunConfig, view) -> dict:
 
 
 def _batch_values(view) -> dict:
+    """The global batch when unset and the evaluation batches, as the batch plan defaults them."""
     mbs, dp = view.micro_batch_size, view.data_parallel_size
     if mbs is None or mbs < 1 or dp is None:
         return {}  # reported by the training flags or the parallel layout
+    plan = BatchPlan.from_args(view)
     values = {}
     if view.global_batch_size is None:
-        values["global_batch_size"] = mbs * dp
-        print_rank_0(f"setting global batch size to {mbs * dp} "
+        values["global_batch_size"] = plan.global_batch_size
+        print_rank_0(f"setting global batch size to {plan.global_batch_size} "
                      f"(= micro batch size {mbs} x {describe_data_parallel_size(view)})")
-    gbs = values.get("global_batch_size", view.global_batch_size)
-    if gbs >= 1 and gbs % (mbs * dp) == 0:
-        print_rank_0(f"global batch size {gbs} = micro batch size {mbs} x {gbs // (mbs * dp)} microbatches "
-                     f"x data parallel size {dp}")
+    if plan.global_batch_size >= 1 and plan.whole_microbatches:
+        print_rank_0(f"global batch size {plan.global_batch_size} = micro batch size {mbs} x "
+                     f"{plan.num_microbatches} microbatches x data parallel size {dp}")
     # Evaluation batches default to the training ones (Megatron-LM's rule).
     if view.eval_micro_batch_size is None:
-        values["eval_micro_batch_size"] = mbs
+        values["eval_micro_batch_size"] = plan.eval_micro
     if view.eval_global_batch_size is None:
-        values["eval_global_batch_size"] = gbs
+        values["eval_global_batch_size"] = plan.eval_global
     return values
 
 

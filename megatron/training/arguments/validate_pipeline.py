@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
 from megatron.training.arguments.reporting import warn_rank_0
+from megatron.training.batch_plan import BatchPlan
 
 
 def _virtual_stages(args, num_layers: int | None, problems: list) -> int | None:
@@ -56,10 +57,10 @@ def _check_interleaved_microbatches(args, group: int, problems: list) -> None:
     pp = args.pipeline_model_parallel_size
     if not (args.micro_batch_size and args.data_parallel_size):
         return  # reported elsewhere
-    global_batch = args.global_batch_size or args.micro_batch_size * args.data_parallel_size
-    microbatches = global_batch // (args.micro_batch_size * args.data_parallel_size)
-    shown = (f"{microbatches} microbatches (= global batch {global_batch} / (micro batch {args.micro_batch_size} x "
-             f"DP {args.data_parallel_size}))")
+    plan = BatchPlan.from_args(args)  # the global batch may not be derived yet: one microbatch when unset
+    microbatches = plan.num_microbatches
+    shown = (f"{microbatches} microbatches (= global batch {plan.global_batch_size} / (micro batch "
+             f"{args.micro_batch_size} x DP {args.data_parallel_size}))")
     if not pp <= group <= microbatches:
         problems.append(f"the interleaved schedule needs --pipeline-model-parallel-size {pp} <= "
                         f"--microbatch-group-size-per-virtual-pipeline-stage {group} <= {shown}")

@@ -7,7 +7,6 @@ are read for TP = PP = 1).
 """
 
 import argparse
-import copy
 import os
 
 import torch
@@ -19,10 +18,11 @@ from megatron.core.dist_checkpointing.model_sharding import (
     without_absent_extra_states,
 )
 from megatron.training import global_vars
-from megatron.training.arguments import build_parser
-from megatron.training.checkpoint.layout import get_checkpoint_tracker_filename
-from megatron.training.checkpoint.reading import load_base_checkpoint
-from megatron.training.checkpoint.state_dict import load_model_state
+from megatron.training.checkpointing.saved_args import with_current_defaults
+from megatron.training.checkpointing.fallback import saved_iterations
+from megatron.training.checkpointing.layout import get_checkpoint_name, get_checkpoint_tracker_filename
+from megatron.training.checkpointing.reading import load_base_checkpoint
+from megatron.training.checkpointing.state_dict import load_model_state
 from megatron.training.tasks.gpt import model_provider
 from megatron.core.tokenizers import build_tokenizer
 
@@ -51,7 +51,8 @@ def _read_checkpoint(load_dir: str, ckpt_step: int | None):
     request = argparse.Namespace(ckpt_step=ckpt_step, exit_on_missing_checkpoint=False, auto_detect_ckpt_format=True)
     state_dict, checkpoint_name, _ = load_base_checkpoint(load_dir, request, rank0=True)
     if state_dict is None:
-        iterations = sorted(name for name in os.listdir(load_dir) if name.startswith("iter_"))
+        iterations = [os.path.basename(get_checkpoint_name(load_dir, iteration, return_base_dir=True))
+                      for iteration in saved_iterations(load_dir)]
         hint = (
             f"it has {', '.join(iterations)}: pick one with --ckpt-step N" if iterations
             else "point --load at the --save directory of a training run"
@@ -68,10 +69,7 @@ def _checkpoint_args(state_dict: dict, checkpoint_name: str, sharded: bool) -> a
     for TP = PP = 1, a sharded one is read for TP = PP = 1."""
     if "args" not in state_dict:
         raise ValueError(f"{checkpoint_name} records no training arguments ('args'), so the model cannot be rebuilt")
-    args = copy.copy(state_dict["args"])
-    for name, default in vars(build_parser().parse_args([])).items():
-        if not hasattr(args, name):
-            setattr(args, name, default)
+    args = with_current_defaults(state_dict["args"])
     tensor_parallel = args.tensor_model_parallel_size
     pipeline_parallel = args.pipeline_model_parallel_size
     if sharded:

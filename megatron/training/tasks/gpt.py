@@ -76,7 +76,8 @@ def get_batch(data_iterator):
         # its flash kernels, which take no explicit mask): it is neither sent nor used.
         keys = tuple(key for key in GPT_BATCH_KEYS if key != "attention_mask")
     # With context parallelism each CP rank keeps its two chunks of the sequence.
-    batch = get_batch_on_this_cp_rank(get_batch_on_this_tp_rank(data_iterator, keys))
+    tp_group = parallel_state.get_tensor_model_parallel_group(check_initialized=False)  # None: one process alone
+    batch = get_batch_on_this_cp_rank(get_batch_on_this_tp_rank(data_iterator, keys, tp_group=tp_group))
     return batch["tokens"], batch["labels"], batch["loss_mask"], batch.get("attention_mask"), batch["position_ids"]
 
 

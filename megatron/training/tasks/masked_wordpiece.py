@@ -68,7 +68,8 @@ def build_masked_datasets(dataset_class, train_val_test_num_samples, config, mod
 
 def next_batch(data_iterator, keys) -> dict:
     """The next microbatch's tensors named in `keys`, on this rank's device (read on TP rank 0)."""
-    batch = get_batch_on_this_tp_rank(data_iterator, keys)
+    tp_group = parallel_state.get_tensor_model_parallel_group(check_initialized=False)  # None: one process alone
+    batch = get_batch_on_this_tp_rank(data_iterator, keys, tp_group=tp_group)
     missing = [key for key in keys if batch[key] is None]
     if missing:
         raise ValueError(f"the dataset's samples lack the keys {missing}; expected {list(keys)}")

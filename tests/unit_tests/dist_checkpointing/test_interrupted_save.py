@@ -12,7 +12,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing import dcp_planners
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
-from tests.unit_tests.training.checkpoint.tiny_run import assert_same, build_run, make_args, model_state, train_steps
+from tests.unit_tests.training.checkpointing.tiny_run import assert_same, build_run, make_args, model_state, train_steps
 
 KILLED = 17
 
@@ -28,7 +28,7 @@ def _save_then_die_while_saving(directory: str, async_save: bool) -> None:
     train_steps(model, optimizer, scheduler, args, 0, 1)
     save_checkpoint(1, [model], optimizer, scheduler, 0.0, args=args)
     if async_save:
-        from megatron.training.checkpoint.dist_saving import finalize_async_save
+        from megatron.training.checkpointing.dist_saving import finalize_async_save
 
         finalize_async_save()
     torch.save(model_state(model), os.path.join(directory, "saved_at_1.pt"))

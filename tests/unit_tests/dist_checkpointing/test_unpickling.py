@@ -15,7 +15,7 @@ from megatron.core.dist_checkpointing.unpickling import (
     tolerant_pickle_module,
     unreadable_arguments,
 )
-from megatron.training.checkpoint.files import load_checkpoint_file, save_atomically
+from megatron.training.checkpointing.files import load_checkpoint_file, save_atomically
 
 
 def _install_module(monkeypatch, name: str, members: dict) -> type:

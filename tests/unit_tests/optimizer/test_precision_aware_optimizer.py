@@ -14,8 +14,8 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.fusions.adamw_reference import adamw_step
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
-from tests.unit_tests.training.checkpoint.tiny_run import build_run, make_args, train_steps
+from tests.unit_tests.training.checkpointing.conftest import single_rank  # noqa: F401 (the fixture)
+from tests.unit_tests.training.checkpointing.tiny_run import build_run, make_args, train_steps
 
 SHAPES = ((37,), (16, 24), (3, 129))
 BF16, FP32 = torch.bfloat16, torch.float32

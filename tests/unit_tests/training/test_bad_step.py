@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 from megatron.training.bad_step import EXIT_CODE_BAD_STEP, BadStepGuard, BadStepStop, stop_on_bad_step
+from megatron.training.parallel_layout import ParallelLayout
 from tests.unit_tests.dist_utils import run_distributed
 
 
@@ -48,10 +50,12 @@ def _step(guard, model, poison_grads: bool, loss_value: float = 1.0):
 def _poisoned_gradients_on_rank_1(rank, world_size):
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(1)
+    parallel_state.initialize_model_parallel()  # two data-parallel ranks
+    layout = ParallelLayout.from_parallel_state()
     model = [torch.nn.Linear(4, 3)]
     results = {}
 
-    skip = BadStepGuard(_args(bad_step_policy="skip"), start_iteration=10)
+    skip = BadStepGuard(_args(bad_step_policy="skip"), start_iteration=10, layout=layout)
     results["clean"] = _step(skip, model, poison_grads=False)
     results["skipped"] = _step(skip, model, poison_grads=rank == 1)
     results["grads_after_reduction_finite"] = all(torch.isfinite(p.grad).all().item() for p in model[0].parameters())
@@ -60,12 +64,13 @@ def _poisoned_gradients_on_rank_1(rank, world_size):
                                           r"data-parallel reduction; stopping \(--bad-step-skip-budget 1 is used up\)"):
         _step(skip, model, poison_grads=rank == 1)
 
-    stop = BadStepGuard(_args(), start_iteration=4)
+    stop = BadStepGuard(_args(), start_iteration=4, layout=layout)
     with pytest.raises(BadStepStop) as stopped:
         _step(stop, model, poison_grads=rank == 0, loss_value=float("inf"))
     results["stop_message"] = str(stopped.value)
     results["last_good_iteration"] = stopped.value.iteration
     get_cuda_rng_tracker().reset()
+    parallel_state.destroy_model_parallel()
     return results
 
 
@@ -81,16 +86,21 @@ def test_poisoned_gradients_of_one_rank_are_reported_with_that_rank_on_every_ran
 
 
 @pytest.fixture
-def seeded():
+def layout():
+    """The layout of a one-process run: a gloo world of one rank and its parallel groups; seeded generators."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(1)
-    yield
+    yield ParallelLayout.from_parallel_state()
     get_cuda_rng_tracker().reset()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
 
 
-def test_loss_spike_over_the_window_mean_is_a_bad_step(seeded, capsys):
+def test_loss_spike_over_the_window_mean_is_a_bad_step(layout, capsys):
     guard = BadStepGuard(_args(check_for_nan_in_loss_and_grad=False, check_for_spiky_loss=True,
-                               bad_step_policy="skip", bad_step_skip_budget=5), start_iteration=0)
+                               bad_step_policy="skip", bad_step_skip_budget=5), start_iteration=0, layout=layout)
     model = [torch.nn.Linear(4, 3)]
     # Until the window of 3 accepted losses is full nothing is a spike (50 passes); 3 < 2 x mean(1, 50, 2).
     assert [_step(guard, model, False, loss) for loss in (1.0, 50.0, 2.0, 3.0)] == [False, False, False, False]
@@ -101,8 +111,8 @@ def test_loss_spike_over_the_window_mean_is_a_bad_step(seeded, capsys):
     assert _step(guard, model, False, 30.0) is False
 
 
-def test_stop_restores_the_generators_of_before_the_bad_step(seeded, capsys):
-    guard = BadStepGuard(_args(), start_iteration=7)
+def test_stop_restores_the_generators_of_before_the_bad_step(layout, capsys):
+    guard = BadStepGuard(_args(), start_iteration=7, layout=layout)
     before = (torch.get_rng_state(), get_cuda_rng_tracker().get_states())
     model = [torch.nn.Linear(4, 3)]  # draws from the generators, as the bad step's dropout would
     with pytest.raises(BadStepStop) as stopped:
@@ -114,8 +124,8 @@ def test_stop_restores_the_generators_of_before_the_bad_step(seeded, capsys):
     assert "ERROR: bad step at iteration 8: non-finite loss on rank(s) [0]" in capsys.readouterr().out
 
 
-def test_nothing_is_checked_when_both_checks_are_off(seeded):
-    guard = BadStepGuard(_args(check_for_nan_in_loss_and_grad=False), start_iteration=0)
+def test_nothing_is_checked_when_both_checks_are_off(layout):
+    guard = BadStepGuard(_args(check_for_nan_in_loss_and_grad=False), start_iteration=0, layout=layout)
     assert _step(guard, [torch.nn.Linear(4, 3)], poison_grads=True, loss_value=float("nan")) is False
 
 
@@ -140,9 +150,9 @@ class _Scheduler:
         self.num_steps += increment
 
 
-def test_a_verdict_left_on_the_device_is_settled_at_the_next_check(seeded, capsys):
+def test_a_verdict_left_on_the_device_is_settled_at_the_next_check(layout, capsys):
     optimizer, scheduler = _DeviceVetoOptimizer(), _Scheduler()
-    guard = BadStepGuard(_args(bad_step_policy="skip", bad_step_skip_budget=1), 20, optimizer, scheduler)
+    guard = BadStepGuard(_args(bad_step_policy="skip", bad_step_skip_budget=1), 20, layout, optimizer, scheduler)
     model = [torch.nn.Linear(4, 3)]
     assert guard.defers
     verdicts = []
@@ -163,8 +173,8 @@ def test_a_verdict_left_on_the_device_is_settled_at_the_next_check(seeded, capsy
     assert stopped.value.iteration == 23 and optimizer.rewinds == 2 and scheduler.num_steps == 16
 
 
-def test_a_deferred_stop_restores_the_generators_of_before_the_bad_step(seeded):
-    guard = BadStepGuard(_args(), 3, _DeviceVetoOptimizer(), _Scheduler())
+def test_a_deferred_stop_restores_the_generators_of_before_the_bad_step(layout):
+    guard = BadStepGuard(_args(), 3, layout, _DeviceVetoOptimizer(), _Scheduler())
     before = torch.get_rng_state()
     model = [torch.nn.Linear(4, 3)]  # draws from the generator, as the bad step's dropout would
     _step(guard, model, poison_grads=False, loss_value=float("nan"))  # iteration 4, bad, not known yet

@@ -8,6 +8,7 @@ from megatron.core import parallel_state
 from megatron.training.arguments import parse_args, validate_args
 from megatron.training.banner import _counted_here, banner_lines
 from megatron.training.memory_estimate import estimate_memory, format_bytes, total_parameters
+from megatron.training.parallel_layout import ParallelLayout
 from tests.unit_tests.dist_checkpointing.tiny_gpt import build
 from tests.unit_tests.dist_utils import run_distributed
 
@@ -42,7 +43,8 @@ def _parameters_counted_per_layout(rank, world_size):
         ddp, _ = build(tensor_parallel, pipeline_parallel, False, seed=1, expert_parallel=expert_parallel)
         if (tensor_parallel, pipeline_parallel) == (1, 1) and expert_parallel <= 1:  # the whole model on each rank
             counted[("whole", expert_parallel)] = sum(param.numel() for param in ddp.module.parameters())
-        mine = torch.tensor([sum(param.numel() for param in ddp.module.parameters() if _counted_here(param))])
+        layout = ParallelLayout.from_parallel_state()
+        mine = torch.tensor([sum(param.numel() for param in ddp.module.parameters() if _counted_here(param, layout))])
         dist.all_reduce(mine)
         counted[(tensor_parallel, pipeline_parallel, expert_parallel)] = mine.item()
     parallel_state.destroy_model_parallel()

@@ -34,6 +34,7 @@ def _same(received: dict, expected: dict, keys) -> bool:
 def _broadcasts(rank, world_size):
     """4 ranks, TP=2: groups [0, 1] and [2, 3] each receive their own TP rank 0's batches."""
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
     source = parallel_state.get_tensor_model_parallel_src_rank()
     expected = [_gpt_batch(100 * source + index) for index in range(2)]
     expected.append(_gpt_batch(100 * source + 2, batch=1, seq=5))  # a short last batch: other shapes
@@ -42,17 +43,18 @@ def _broadcasts(rank, world_size):
     iterator = iter([dict(batch) for batch in expected]) if is_source else None
 
     results = {}
-    received = [get_batch_on_this_tp_rank(iterator) for _ in expected]
+    received = [get_batch_on_this_tp_rank(iterator, tp_group=tp_group) for _ in expected]
     results["batches"] = all(_same(got, want, GPT_BATCH_KEYS) for got, want in zip(received, expected))
     results["keys"] = [sorted(batch) for batch in received]
     try:
-        get_batch_on_this_tp_rank(iterator)
+        get_batch_on_this_tp_rank(iterator, tp_group=tp_group)
         results["exhausted"] = "no StopIteration"
     except StopIteration:
         results["exhausted"] = "StopIteration"
 
     # Only the requested keys travel (get_batch leaves out the causal mask).
-    without_mask = get_batch_on_this_tp_rank(iter([_gpt_batch(7)]) if is_source else None, GPT_BATCH_KEYS[:3])
+    without_mask = get_batch_on_this_tp_rank(iter([_gpt_batch(7)]) if is_source else None, GPT_BATCH_KEYS[:3],
+                                             tp_group=tp_group)
     results["subset"] = sorted(without_mask) == sorted(GPT_BATCH_KEYS[:3]) and _same(
         without_mask, _gpt_batch(7), GPT_BATCH_KEYS[:3]
     )
@@ -60,7 +62,7 @@ def _broadcasts(rank, world_size):
     # A batch that cannot be sent fails on every rank of the group instead of leaving the others waiting.
     bad = {"tokens": [1, 2, 3]}
     try:
-        broadcast_batch(bad if is_source else None, ("tokens",))
+        broadcast_batch(bad if is_source else None, ("tokens",), tp_group=tp_group)
         results["refused"] = "accepted"
     except ValueError as error:
         results["refused"] = str(error)
@@ -82,9 +84,9 @@ def test_each_tp_group_receives_its_source_batches_and_stops_together():
 
 def test_single_rank_moves_the_batch_without_collectives():
     batch = _gpt_batch(3)
-    received = get_batch_on_this_tp_rank(iter([batch]))
+    received = get_batch_on_this_tp_rank(iter([batch]), tp_group=None)
     assert _same(received, batch, GPT_BATCH_KEYS)
     with pytest.raises(StopIteration):
-        get_batch_on_this_tp_rank(iter([]))
+        get_batch_on_this_tp_rank(iter([]), tp_group=None)
     with pytest.raises(ValueError, match="at most 4 dims"):
-        broadcast_batch({"tokens": torch.zeros(1, 1, 1, 1, 1, dtype=torch.int64)}, ("tokens",))
+        broadcast_batch({"tokens": torch.zeros(1, 1, 1, 1, 1, dtype=torch.int64)}, ("tokens",), tp_group=None)

@@ -107,3 +107,21 @@ def test_evaluation_batches():
     assert plan.dataset_sizes(train_iters=10, train_samples=None, eval_interval=5, eval_iters=3) == (160, 36, 12)
     default = BatchPlan(micro_batch_size=2, data_parallel_size=2, global_batch_size=16)
     assert (default.eval_micro, default.eval_global, default.eval_num_microbatches) == (2, 16, 4)
+
+
+def test_sizes_that_do_not_divide_and_the_default_global_batch():
+    """The argument validation's batch rules: micro batch x DP divides the global batch, the evaluation batch and
+    each ramp-up step; an unset global batch is one microbatch per step."""
+    assert BatchPlan(micro_batch_size=4, data_parallel_size=2, global_batch_size=32).size_problems("DP 2") == []
+    assert BatchPlan(4, 2, 20).size_problems("DP 2") == [
+        "global batch size 20 is not a multiple of micro batch size 4 x DP 2; nearest valid: 16 or 24"]
+    assert BatchPlan(4, 2, 20, decrease_batch_size_if_needed=True).size_problems("DP 2") == []
+    assert BatchPlan(2, 2, 16, eval_micro_batch_size=3, eval_global_batch_size=4).size_problems("DP 2") == [
+        "--eval-global-batch-size 4 is not a multiple of --eval-micro-batch-size 3 x DP 2; nearest valid: 6"]
+    assert BatchPlan(2, 1, 16, rampup_batch_size=(4, 5, 100)).size_problems("DP 1") == [
+        "--rampup-batch-size: --global-batch-size 16 - start 4 = 12 must be a non-negative multiple of the "
+        "increment 5", "--rampup-batch-size increment 5 is not a multiple of micro batch size 2 x DP 1"]
+    unset = _args("--train-iters", "10")  # no --global-batch-size
+    assert BatchPlan.from_args(unset) == BatchPlan(2, 1, 2, eval_micro_batch_size=2, eval_global_batch_size=2)
+    unset.global_batch_size = None  # as the validation sees it before deriving it
+    assert BatchPlan.from_args(unset, data_parallel_size=4).global_batch_size == 8

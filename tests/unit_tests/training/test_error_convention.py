@@ -99,7 +99,7 @@ def test_argparse_errors_follow_the_convention(capsys):
 
 
 def test_convert_help_lists_the_plugins_flags_and_exits_0(capsys):
-    from megatron.training.checkpoint_conversion.convert import main
+    from megatron.training.checkpointing.conversion.convert import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["--help"])

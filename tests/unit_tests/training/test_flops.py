@@ -13,7 +13,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.training.training_log import num_floating_point_operations
-from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
+from tests.unit_tests.training.checkpointing.conftest import single_rank  # noqa: F401 (the fixture)
 from tests.unit_tests.training.test_memory_estimate import DEEPSEEK_V3, VOCAB, _args, _gpt
 
 SEQ, BATCH = 32, 2

@@ -34,7 +34,7 @@ from megatron.training.arguments import (
 from megatron.training import global_vars
 from megatron.training.memory_estimate import estimate_memory, parameters_per_rank, total_parameters
 from megatron.training.tasks import t5 as t5_task
-from tests.unit_tests.training.checkpoint.conftest import single_rank  # noqa: F401 (the fixture)
+from tests.unit_tests.training.checkpointing.conftest import single_rank  # noqa: F401 (the fixture)
 
 VOCAB, SEQ, BATCH = 256, 128, 4
 BASE = (f"--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length {SEQ} --max-position-embeddings "

@@ -20,7 +20,7 @@ from megatron.core.datasets.tokenizer_record import (
 )
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.training import run_summary
-from megatron.training.checkpoint.save_lock import LOCK_NAME, acquire_save_lock, release_save_lock
+from megatron.training.checkpointing.save_lock import LOCK_NAME, acquire_save_lock, release_save_lock
 from megatron.training.preflight import preflight
 
 

@@ -18,7 +18,7 @@ taken after each norm, and the stack then computes the original post-norm BERT e
     a = LN_att(e + attention(e))       layers.i.pre_mlp_layernorm
     o = LN_out(a + mlp(a))             layers.i+1.input_layernorm, or encoder.final_layernorm (last layer)
 
-(the Hugging Face export in megatron/training/checkpoint_conversion/bert_hf.py maps the norms this way).
+(the Hugging Face export in megatron/training/checkpointing/conversion/bert_hf.py maps the norms this way).
 """
 
 import torch

@@ -1,5 +1,5 @@
 """BertModel: Megatron-Core's keys (reference 8.4), outputs and losses, the padding mask, sentence embeddings.
-Logits parity with Hugging Face is in tests/unit_tests/training/checkpoint_conversion/test_bert_hf.py."""
+Logits parity with Hugging Face is in tests/unit_tests/training/checkpointing/conversion/test_bert_hf.py."""
 
 import pytest
 import torch

@@ -1,11 +1,11 @@
 """Hugging Face GPT-2 / Llama state dicts -> GPTModel keys for the model tests, through the checkpoint
-converter's adapters (megatron/training/checkpoint_conversion/gpt2_hf.py, llama_hf.py): one weight map,
+converter's adapters (megatron/training/checkpointing/conversion/gpt2_hf.py, llama_hf.py): one weight map,
 proven here by logits parity with `transformers`."""
 
 import torch
 
-from megatron.training.checkpoint_conversion import gpt2_hf, llama_hf
-from megatron.training.checkpoint_conversion.gpt_shape import GPTShape
+from megatron.training.checkpointing.conversion import gpt2_hf, llama_hf
+from megatron.training.checkpointing.conversion.gpt_shape import GPTShape
 
 
 def _shape(num_layers: int, num_heads: int, num_groups: int, head_dim: int, llama: bool) -> GPTShape:

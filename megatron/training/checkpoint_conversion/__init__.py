@@ -1,1 +1,0 @@
-"""Adapters between Megatron-Core model state dicts and other formats (Hugging Face `transformers`)."""
