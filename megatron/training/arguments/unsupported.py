@@ -53,7 +53,6 @@ UNSUPPORTED = (
                                           "not built here"),
     Unsupported("--error-injection-type", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
                                           "not built here"),
-    Unsupported("--test-mode", "Megatron-LM's real-time attention self-tests are not built here"),
     Unsupported("--multiple-validation-sets", "evaluating each validation dataset separately is not supported yet"),
     Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss, sinkhorn or "
                                                     "none", ("global_aux_loss", "quantile_balancing")),
