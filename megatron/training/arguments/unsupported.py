@@ -36,7 +36,6 @@ UNSUPPORTED = (
                 ("yarn", "mrope", "relative")),
     Unsupported("--optimizer", "is not supported yet; use adam or sgd",
                 ("muon", "dist_muon", "lion", "soap", "adaptive_muon")),
-    Unsupported("--step-batch-size-schedule", "is not supported yet; use --rampup-batch-size"),
     Unsupported("--ckpt-format", "is not supported yet; use torch_dist or torch", ("torch_dcp", "fsdp_dtensor")),
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),

@@ -4,10 +4,13 @@ section's own rules are its `validate`: megatron/training/config/training.py, op
     global batch = micro batch x microbatches x data-parallel size
     ramp-up: global batch goes start, start + incr, ... up to --global-batch-size, so every step of it
              must also be a multiple of micro batch x DP
+    step schedule: well formed; each step's batch is checked when the run reaches it (an early step may
+             predate the layout of a resumed run, as in Megatron-LM)
 """
 
 import argparse
 
+from megatron.core.num_microbatches_calculator import parse_step_batch_size_schedule
 from megatron.training.arguments.validate_parallel import describe_data_parallel_size
 
 
@@ -31,6 +34,11 @@ def check_batch_sizes(args: argparse.Namespace, problems: list) -> None:
         problems.append(f"--eval-global-batch-size {eval_gbs} is not a multiple of --eval-micro-batch-size {eval_mbs} x "
                         f"{describe_data_parallel_size(args)}; nearest valid: "
                         f"{_nearest_multiples(eval_gbs, eval_mbs * dp)}")
+    if args.step_batch_size_schedule is not None:
+        try:
+            parse_step_batch_size_schedule(args.step_batch_size_schedule, args.seq_length)
+        except ValueError as error:
+            problems.append(str(error))
     if args.rampup_batch_size is None or len(args.rampup_batch_size) != 3 or min(args.rampup_batch_size) < 1:
         return
     start, increment, _ = args.rampup_batch_size
