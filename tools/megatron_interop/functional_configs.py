@@ -11,7 +11,7 @@ trains (MODE neither inference nor rl) and writes one entry per configuration:
                  the shape flags shrunk (2 layers, or the fewest the pipeline split allows; 16 channels per
                  head, heads the fewest the tensor-parallel split allows; sequence 64; micro-batch <= 2; 3
                  iterations; evaluation 1 iteration; 4+ experts), the data generated (--mock-data; the FIM
-                 dataset reads the fixture corpus), the GPT-2 BPE of the fixtures, the paths {scratch}/...,
+                 dataset reads the fixture corpus, split 90,5,5), the GPT-2 BPE of the fixtures, the paths {scratch}/...,
                  no loader workers. Every flag not listed in `changes` is as Megatron-LM's file writes it.
     changes      each of those edits, "flag: before -> after"
     world_size   8, as Megatron-LM's CI (or the layout's size when larger): validation runs at that size
@@ -219,8 +219,9 @@ def _data(shrink: _Shrink) -> None:
     for flag in DATA_FLAGS:
         if flag not in ("--split", "--tokenizer-type"):
             shrink.drop(flag)
-    if fim:  # Megatron-LM's FIM dataset refuses generated data
+    if fim:  # Megatron-LM's FIM dataset refuses generated data; the corpus's 73 documents split 90/5/5
         shrink.set("--data-path", "{data}")
+        shrink.set("--split", "90,5,5")
     elif "--mock-data" not in flags:
         shrink.set("--mock-data")
     if tokenizer != "NullTokenizer":

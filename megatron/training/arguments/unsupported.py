@@ -44,9 +44,6 @@ UNSUPPORTED = (
     Unsupported("--non-persistent-global-ckpt-dir", "non-persistent checkpoints are not supported yet"),
     Unsupported("--fp4-recipe", "FP4 training is not supported yet"),
     Unsupported("--fp32-residual-connection", "keeping the residual stream in fp32 is not supported yet"),
-    Unsupported("--fim-data", "the fill-in-the-middle dataset is not supported yet"),
-    Unsupported("--fim-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
-    Unsupported("--fim-spm-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
     Unsupported("--optimizer-cpu-offload", "keeping the optimizer state on the host is not supported yet"),
     Unsupported("--error-injection-rate", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
                                           "not built here"),
