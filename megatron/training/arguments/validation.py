@@ -25,6 +25,7 @@ from megatron.training.arguments.mla_mtp import check_mla_mtp
 from megatron.training.arguments.validate_fsdp import check_fsdp, check_megatron_fsdp_dtypes
 from megatron.training.arguments.validate_model import check_model_shape
 from megatron.training.arguments.validate_moe import check_moe
+from megatron.training.arguments.validate_optimizer import check_muon
 from megatron.training.arguments.validate_overlap import check_overlap_options
 from megatron.training.arguments.validate_parallel import check_parallel_layout
 from megatron.training.arguments.validate_schedule import check_batch_sizes, check_run_length
@@ -63,6 +64,7 @@ CROSS_SECTION_CHECKS = (
     _check_auto_resume,
     check_determinism,
     check_overlap_options,
+    check_muon,
 )
 
 

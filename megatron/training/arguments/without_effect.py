@@ -68,6 +68,8 @@ WITHOUT_EFFECT = (
     WithoutEffect("--no-use-layer-wise-param-layout", "it picks the buffer layout of Megatron-LM's layer-wise "
                                                       "distributed Muon (the same updates); see the --optimizer "
                                                       "muon note"),
+    WithoutEffect("--muon-use-syrk", f"{_SPEED_ONLY}; Muon's Gram matrices here are torch matmuls (the same "
+                                     "products)"),
     WithoutEffect("--mla-down-proj-fusion", f"{_SPEED_ONLY}; the multi-latent attention down projections here "
                                             "are separate GEMMs computing the same function"),
     WithoutEffect("--moe-router-dtype", "the router here always computes its logits and scores in fp32, as the "

@@ -125,7 +125,8 @@ def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
     blend, blend_per_split = get_blend_and_blend_per_split(args)
     fim = {}
     if args.fim_data:
-        tokens = {name: getattr(args, f"fim_{name}_token") for name in ("prefix", "middle", "suffix", "pad", "eod")}
+        tokens = {"prefix": args.fim_prefix_token, "middle": args.fim_middle_token, "suffix": args.fim_suffix_token,
+                  "pad": args.fim_pad_token, "eod": args.fim_eod_token}
         fim = {"fim_rate": args.fim_rate, "fim_spm_rate": args.fim_spm_rate, "fim_extra_tokens": tokens,
                "fim_split_sample": args.fim_split_sample, "fim_fragment_rate": args.fim_fragment_rate,
                "fim_no_prefix": args.fim_no_prefix}
