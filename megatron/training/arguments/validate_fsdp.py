@@ -66,6 +66,5 @@ def check_megatron_fsdp_dtypes(args: argparse.Namespace, problems: list) -> None
         return
     # Imported here: the wrappers load the model code, which parsing alone does not need.
     from megatron.core.distributed.fsdp.mcore_fsdp_adapter import megatron_fsdp_dtype_mismatches
-    from megatron.training.arguments.core_configs import ddp_config_from_args
 
-    problems += megatron_fsdp_dtype_mismatches(ddp_config_from_args(args), args.params_dtype)
+    problems += megatron_fsdp_dtype_mismatches(args, args.accumulate_allreduce_grads_in_fp32, args.params_dtype)
