@@ -11,8 +11,10 @@ trains (MODE neither inference nor rl) and writes one entry per configuration:
                  the shape flags shrunk (2 layers, or the fewest the pipeline split allows; 16 channels per
                  head, heads the fewest the tensor-parallel split allows; sequence 64; micro-batch <= 2; 3
                  iterations; evaluation 1 iteration; 4+ experts), the data generated (--mock-data; the FIM
-                 dataset reads the fixture corpus, split 90,5,5), the GPT-2 BPE of the fixtures, the paths {scratch}/...,
-                 no loader workers. Every flag not listed in `changes` is as Megatron-LM's file writes it.
+                 dataset reads the fixture corpus, split 90,5,5), a step batch-size schedule's batches in its
+                 ratios, stepping in the first iterations, the GPT-2 BPE of the fixtures, the paths
+                 {scratch}/..., no loader workers. Every flag not listed in `changes` is as Megatron-LM's file
+                 writes it.
     changes      each of those edits, "flag: before -> after"
     world_size   8, as Megatron-LM's CI (or the layout's size when larger): validation runs at that size
     cpu          the edits of the one-rank CPU training run: every parallel size 1, and the flags that need

@@ -158,7 +158,9 @@ class DataConfig(Section):
 
     def _fim_problems(self) -> list[str]:
         """Megatron-LM's rules for --fim-data (its rates must be non-zero), and rates that are probabilities."""
-        problems = ["--fim-data reads documents: it cannot go with --mock-data (as in Megatron-LM)"] if self.mock_data else []
+        problems = []
+        if self.mock_data:
+            problems.append("--fim-data reads documents: it cannot go with --mock-data (as in Megatron-LM)")
         for flag_name, rate in (("--fim-rate", self.fim_rate), ("--fim-spm-rate", self.fim_spm_rate),
                                 ("--fim-fragment-rate", self.fim_fragment_rate)):
             if rate is not None and not 0.0 <= rate <= 1.0:

@@ -137,6 +137,7 @@ def test_step_schedule_arguments(monkeypatch):
     finally:
         calculator.destroy_num_microbatches_calculator()
     with pytest.raises(ValueError) as error:
-        validate_args(parse_args(args_list=[*flags, "--global-batch-size", "4", "--step-batch-size-schedule", "0:2 63:4"]))
+        validate_args(parse_args(args_list=[*flags, "--global-batch-size", "4",
+                                            "--step-batch-size-schedule", "0:2 63:4"]))
     assert "--step-batch-size-schedule sets the global batch: drop --global-batch-size" in str(error.value)
     assert "thresholds must strictly increase" in str(error.value)

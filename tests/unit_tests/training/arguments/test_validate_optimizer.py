@@ -5,7 +5,8 @@ import pytest
 from .conftest import MINIMAL
 
 
-@pytest.mark.parametrize("flags", [["--optimizer", "muon", "--use-distributed-optimizer"], ["--optimizer", "dist_muon"]])
+@pytest.mark.parametrize("flags", [["--optimizer", "muon", "--use-distributed-optimizer"],
+                                   ["--optimizer", "dist_muon"]])
 def test_muon_turns_the_distributed_optimizer_off_with_a_line(validated, capsys, flags):
     args = validated(*MINIMAL, "--bf16", *flags)
     assert (args.optimizer, args.use_distributed_optimizer) == ("muon", False)
