@@ -66,8 +66,9 @@ WITHOUT_EFFECT = (
                                                   "instance, sharded over the whole data-parallel group already",
                   values=("optim",)),
     WithoutEffect("--no-use-layer-wise-param-layout", "it picks the buffer layout of Megatron-LM's layer-wise "
-                                                      "distributed Muon (the same updates); see the --optimizer "
-                                                      "muon note"),
+                                                      "distributed optimizer (--optimizer muon "
+                                                      "--use-distributed-optimizer; the same updates), which is not "
+                                                      "built here: every data-parallel rank keeps the whole state"),
     WithoutEffect("--muon-use-syrk", f"{_SPEED_ONLY}; Muon's Gram matrices here are torch matmuls (the same "
                                      "products)"),
     WithoutEffect("--mla-down-proj-fusion", f"{_SPEED_ONLY}; the multi-latent attention down projections here "
