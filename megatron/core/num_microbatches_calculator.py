@@ -1,4 +1,4 @@
-"""How many microbatches make one global batch, with optional batch-size ramp-up.
+"""How many microbatches make one global batch, with an optional batch-size ramp-up or step schedule.
 
 Every step trains
 
@@ -12,8 +12,14 @@ so the number of microbatches is global_batch / (micro_batch x dp) and must be a
                         START + int(consumed / (SAMPLES / increments)) * INCR   otherwise
 
 e.g. `--rampup-batch-size 16 16 5859375 --global-batch-size 1536`: 95 increments of 16, one every
-61677.6 samples. One calculator lives in this module (Megatron's global); the training loop calls
-`update_num_microbatches(consumed_samples)` before every step.
+61677.6 samples. With `--step-batch-size-schedule "0:384 200B:768 400B:1152"` the global batch is the one of
+the last entry whose threshold the consumed samples reached:
+
+    current(consumed) = B_k   for the largest k with T_k <= consumed
+
+thresholds given in tokens (suffixes K, M, B, T: 1e3 .. 1e12) and turned into samples as T // seq_length
+(Megatron-LM passes the sequence length; without one they are samples). One calculator lives in this module
+(Megatron's global); the training loop calls `update_num_microbatches(consumed_samples)` before every step.
 """
 
 import logging
@@ -112,6 +118,58 @@ def ramped_global_batch_size(
         return global_batch_size
     # Divided by the float samples-per-increment, as Megatron does: the same rounding gives the same ramp.
     return start + int(consumed_samples / samples_per_increment) * increment
+
+
+_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def _schedule_number(text: str, entry: str) -> int:
+    """A threshold or batch size of the schedule: a number with an optional K/M/B/T suffix, as Megatron-LM reads
+    it (`int(float(number) * multiplier)`)."""
+    text = text.strip().upper()
+    multiplier = _SUFFIXES.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in _SUFFIXES else text
+    try:
+        return int(float(number) * multiplier)
+    except ValueError:
+        raise ValueError(f"--step-batch-size-schedule entry {entry!r}: {text!r} is not a number (with an optional "
+                         "K, M, B or T suffix)") from None
+
+
+def parse_step_batch_size_schedule(schedule: str, seq_length: Optional[int] = None) -> List[tuple]:
+    """[(threshold in samples, global batch size)] of a schedule "THRESHOLD:BATCH ..." (entries separated by
+    spaces or commas), sorted by threshold; thresholds are tokens when `seq_length` is given (module
+    docstring). Raises unless the first threshold is 0, the thresholds (in samples) strictly increase and every
+    batch size is positive. Divisibility by micro batch x data-parallel size is checked when an entry is reached:
+    early entries may predate this run's layout (a resumed run on more GPUs), as in Megatron-LM."""
+    entries = schedule.replace(",", " ").split()
+    if not entries:
+        raise ValueError("--step-batch-size-schedule is empty; expected entries THRESHOLD:BATCH_SIZE, e.g. "
+                         '"0:384 200B:768"')
+    parsed = []
+    for entry in entries:
+        if ":" not in entry:
+            raise ValueError(f"--step-batch-size-schedule entry {entry!r} is not THRESHOLD:BATCH_SIZE")
+        threshold, batch_size = (_schedule_number(part, entry) for part in entry.split(":", 1))
+        parsed.append((threshold // seq_length if seq_length else threshold, batch_size))
+    parsed.sort(key=lambda item: item[0])
+    unit = f"samples (tokens // sequence length {seq_length})" if seq_length else "samples"
+    thresholds = [threshold for threshold, _ in parsed]
+    problems = []
+    if thresholds[0] != 0:
+        problems.append(f"the first threshold must be 0, got {thresholds[0]} {unit}")
+    repeated = sorted({value for value, following in zip(thresholds, thresholds[1:]) if value == following})
+    if repeated:
+        problems.append(f"thresholds must strictly increase, {repeated} {unit} repeat")
+    problems += [f"batch size {batch_size} must be positive" for _, batch_size in parsed if batch_size <= 0]
+    if problems:
+        raise ValueError(f"--step-batch-size-schedule {schedule!r}: " + "; ".join(problems))
+    return parsed
+
+
+def step_global_batch_size(consumed_samples: int, schedule: List[tuple]) -> int:
+    """The global batch of a parsed schedule once `consumed_samples` were consumed (module docstring)."""
+    return [batch_size for threshold, batch_size in schedule if threshold <= consumed_samples][-1]
 
 
 class NumMicroBatchesCalculator(ABC):
@@ -244,6 +302,36 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
                 logger.info("ramping up batch size from %d to %d", previous, global_batch_size)
 
 
+class StepBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
+    """The global batch of a step schedule (`parse_step_batch_size_schedule`) at the consumed samples."""
+
+    def __init__(self, micro_batch_size: int, data_parallel_size: int, decrease_batch_size_if_needed: bool,
+                 rank: int, schedule: str, seq_length: Optional[int] = None) -> None:
+        if decrease_batch_size_if_needed:
+            raise ValueError("--step-batch-size-schedule cannot go with --decrease-batch-size-if-needed")
+        super().__init__(micro_batch_size, data_parallel_size, decrease_batch_size_if_needed)
+        self.schedule = parse_step_batch_size_schedule(schedule, seq_length)
+        self.global_batch_size = self.schedule[-1][1]
+        self.rank = rank
+        if rank == 0:
+            logger.info("step batch size schedule %r: %s", schedule, ", ".join(
+                f">= {threshold} samples -> global batch {batch_size}" for threshold, batch_size in self.schedule))
+        self.update(0, consistency_check=False, verbose=True)
+
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
+        """The schedule's batch; with `consistency_check` it must be a whole number of microbatches (without,
+        the count is rounded down, as Megatron-LM's walk over a schedule made for another layout)."""
+        global_batch_size = step_global_batch_size(consumed_samples, self.schedule)
+        unit = self.micro_batch_size * self.data_parallel_size
+        if consistency_check and global_batch_size % unit:
+            raise _batch_size_error([global_batch_size], self.micro_batch_size, self.data_parallel_size, False)
+        previous = self.current_global_batch_size
+        self.current_global_batch_size = self.current_running_global_batch_size = global_batch_size
+        self.num_micro_batches = global_batch_size // unit
+        if verbose and self.rank == 0 and previous != global_batch_size:
+            logger.info("setting global batch size to %d at %d consumed samples", global_batch_size, consumed_samples)
+
+
 def _build_num_microbatches_calculator(
     rank: int,
     rampup_batch_size: Optional[List[int]],
@@ -251,7 +339,16 @@ def _build_num_microbatches_calculator(
     micro_batch_size: int,
     data_parallel_size: int,
     decrease_batch_size_if_needed: bool,
+    step_batch_size_schedule: Optional[str] = None,
+    seq_length: Optional[int] = None,
 ) -> NumMicroBatchesCalculator:
+    if step_batch_size_schedule is not None:
+        if rampup_batch_size is not None:
+            raise ValueError("give --step-batch-size-schedule or --rampup-batch-size, not both")
+        return StepBatchsizeNumMicroBatchesCalculator(
+            micro_batch_size, data_parallel_size, decrease_batch_size_if_needed, rank, step_batch_size_schedule,
+            seq_length,
+        )
     if rampup_batch_size is None:
         calculator = ConstantNumMicroBatchesCalculator(
             global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed, rank
@@ -291,15 +388,19 @@ def init_num_microbatches_calculator(
     micro_batch_size: int,
     data_parallel_size: int,
     decrease_batch_size_if_needed: bool = False,
+    step_batch_size_schedule: Optional[str] = None,
+    seq_length: Optional[int] = None,
 ) -> None:
-    """Builds the global calculator (constant, or ramp-up from `[start, increment, samples]`); rank 0 logs."""
+    """Builds the global calculator (constant, ramp-up from `[start, increment, samples]`, or the step schedule,
+    whose thresholds are tokens when `seq_length` is given); rank 0 logs."""
     if _GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None:
         raise RuntimeError(
             "the num-microbatches calculator is already initialised: use reconfigure_num_microbatches_calculator "
             "or destroy_num_microbatches_calculator first"
         )
     reconfigure_num_microbatches_calculator(
-        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed,
+        step_batch_size_schedule, seq_length,
     )
 
 
@@ -310,11 +411,14 @@ def reconfigure_num_microbatches_calculator(
     micro_batch_size: int,
     data_parallel_size: int,
     decrease_batch_size_if_needed: bool = False,
+    step_batch_size_schedule: Optional[str] = None,
+    seq_length: Optional[int] = None,
 ) -> None:
     """Replaces the global calculator (e.g. evaluation with another batch size)."""
     global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
     _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
-        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size, decrease_batch_size_if_needed,
+        step_batch_size_schedule, seq_length,
     )
 
 

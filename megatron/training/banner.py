@@ -105,6 +105,10 @@ def _attention_kernels(args) -> str:
 
 
 def _optimizer_kernels(args) -> str:
+    if args.optimizer == "muon":
+        precision = "bf16" if args.muon_fp32_matmul_prec == "medium" else "fp32"
+        return (f"Muon (Newton-Schulz in {precision} torch matmuls) for the weight matrices, torch Adam(W) for the "
+                "other params")
     if args.optimizer != "adam":
         return f"torch {args.optimizer.upper()}"
     device_type = "cuda" if torch.cuda.is_available() else "cpu"

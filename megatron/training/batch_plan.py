@@ -9,12 +9,15 @@ divide: micro batch x DP divides the global batch (unless --decrease-batch-size-
 batch and every step of the ramp-up (`size_problems`, reported by the argument validation).
 
 With `--rampup-batch-size START INCR SAMPLES` the global batch grows with the samples consumed
-(`ramped_global_batch_size` in megatron/core/num_microbatches_calculator.py); with
-`--decrease-batch-size-if-needed` a global batch that is no whole number of microbatches is rounded down
-(the "running" global batch size, the one trained and counted). Derived from these:
+(`ramped_global_batch_size` in megatron/core/num_microbatches_calculator.py); with `--step-batch-size-schedule`
+it steps at token thresholds (`step_global_batch_size` there), and the plain global batch is micro batch x
+data-parallel size, as Megatron-LM sets it, for what is counted in global batches (scheduler lengths given in
+iterations, evaluation); with `--decrease-batch-size-if-needed` a global batch that is no whole number of
+microbatches is rounded down (the "running" global batch size, the one trained and counted). Derived from these:
 
     iterations for --train-samples    walk the ramp until it ends, then whole global batches (the last
-                                      partial one dropped), as Megatron's `update_train_iters`
+                                      partial one dropped), as Megatron's `update_train_iters`; a step
+                                      schedule is walked to the end, its last step counted even if partial
     samples of N iterations           N x global batch (scheduler lengths, evaluation passes, dataset sizes,
                                       checkpoints that predate the consumed-samples counter)
     dataset sizes                     train: --train-samples or iterations x global batch; validation:
@@ -33,7 +36,9 @@ from dataclasses import dataclass
 from megatron.core.num_microbatches_calculator import (
     init_num_microbatches_calculator,
     num_microbatches_for,
+    parse_step_batch_size_schedule,
     ramped_global_batch_size,
+    step_global_batch_size,
     update_num_microbatches,
 )
 
@@ -49,7 +54,7 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Micro batch, data-parallel size, global batch and its ramp-up (module docstring)."""
+    """Micro batch, data-parallel size, global batch and its ramp-up or step schedule (module docstring)."""
 
     micro_batch_size: int
     data_parallel_size: int
@@ -58,6 +63,7 @@ class BatchPlan:
     decrease_batch_size_if_needed: bool = False
     eval_micro_batch_size: int | None = None  # --eval-micro-batch-size (None: the training micro batch)
     eval_global_batch_size: int | None = None  # --eval-global-batch-size (None: the training global batch)
+    step_batch_size_schedule: tuple | None = None  # ((threshold in samples, global batch), ...)
 
     @classmethod
     def from_args(cls, args, data_parallel_size: int | None = None) -> "BatchPlan":
@@ -76,6 +82,8 @@ class BatchPlan:
             decrease_batch_size_if_needed=bool(args.decrease_batch_size_if_needed),
             eval_micro_batch_size=args.eval_micro_batch_size,
             eval_global_batch_size=args.eval_global_batch_size,
+            step_batch_size_schedule=None if args.step_batch_size_schedule is None else tuple(
+                parse_step_batch_size_schedule(args.step_batch_size_schedule, args.seq_length)),
         )
 
     @property
@@ -142,6 +150,8 @@ class BatchPlan:
 
     def global_batch_size_at(self, consumed_samples: int) -> int:
         """The global batch size once `consumed_samples` training samples were consumed."""
+        if self.step_batch_size_schedule is not None:
+            return step_global_batch_size(consumed_samples, self.step_batch_size_schedule)
         if self.rampup_batch_size is None:
             return self.global_batch_size
         start, increment, ramp_samples = self.rampup_batch_size
@@ -163,6 +173,11 @@ class BatchPlan:
         """Iterations that consume `train_samples` (module docstring): the ramp walked step by step (the step
         that crosses its end included), then whole global batches."""
         iterations = consumed = 0
+        if self.step_batch_size_schedule is not None:
+            while consumed < train_samples:
+                consumed += self.global_batch_size_at(consumed)
+                iterations += 1
+            return iterations
         if self.rampup_batch_size is not None:
             ramp_samples = self.rampup_batch_size[2]
             while consumed <= ramp_samples and consumed <= train_samples:
@@ -185,6 +200,8 @@ class BatchPlan:
         init_num_microbatches_calculator(
             rank, None if self.rampup_batch_size is None else list(self.rampup_batch_size), self.global_batch_size,
             self.micro_batch_size, self.data_parallel_size, self.decrease_batch_size_if_needed,
+            None if self.step_batch_size_schedule is None else " ".join(
+                f"{threshold}:{batch_size}" for threshold, batch_size in self.step_batch_size_schedule),
         )
 
     def move_calculator(self, consumed_samples: int, verbose: bool = False) -> None:

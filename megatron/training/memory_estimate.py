@@ -29,7 +29,7 @@ counted (~0.6% of BERT-large); the banner counts the built model itself.
 
 Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients accumulate in fp32, else
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
---use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) or SGD momentum 4, divided by
+--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), SGD or Muon momentum 4, divided by
 DP with the distributed optimizer (the routed experts' by expert-DP = world / (EP x expert-TP x PP)).
 Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16 moments it is 2 + 4 + 8. With FSDP
 sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads and optim_grads_params) the fp32 shards
@@ -356,6 +356,8 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     grad_bytes = 4 if (not mixed or args.accumulate_allreduce_grads_in_fp32) else 2
     if args.optimizer == "adam":
         state_bytes = args.exp_avg_dtype.itemsize + args.exp_avg_sq_dtype.itemsize
+    elif args.optimizer == "muon":  # the momentum of the weight matrices (Adam's 8 for the few others)
+        state_bytes = 4
     else:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))

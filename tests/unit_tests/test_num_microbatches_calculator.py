@@ -123,3 +123,45 @@ def test_error_shows_how_the_data_parallel_size_was_derived():
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+def test_step_schedule_parsed_as_megatron():
+    # Megatron-LM's 15B release schedule at sequence length 4096: thresholds in tokens, 200e9 // 4096 samples.
+    assert calculator.parse_step_batch_size_schedule("0:384 200B:768 400B:1152", 4096) == [
+        (0, 384), (48_828_125, 768), (97_656_250, 1152)]
+    # Commas separate too, lower-case suffixes and decimals are read, the entries are sorted; no sequence
+    # length: thresholds are samples.
+    assert calculator.parse_step_batch_size_schedule("2.5k:32,0:16", None) == [(0, 16), (2500, 32)]
+
+
+@pytest.mark.parametrize("schedule, seq_length, message", [
+    ("", None, "is empty"),
+    ("0:16 100", None, "entry '100' is not THRESHOLD:BATCH_SIZE"),
+    ("0:16 1x:32", None, "'1X' is not a number"),
+    ("10:16", None, "the first threshold must be 0, got 10 samples"),
+    # 0 and 63 tokens are both sample 0 at sequence length 64.
+    ("0:16 63:32", 64, "thresholds must strictly increase, [0] samples (tokens // sequence length 64) repeat"),
+    ("0:16 1K:0", None, "batch size 0 must be positive"),
+])
+def test_invalid_step_schedule(schedule, seq_length, message):
+    with pytest.raises(ValueError) as error:
+        calculator.parse_step_batch_size_schedule(schedule, seq_length)
+    assert message in str(error.value)
+
+
+def test_step_schedule_calculator():
+    # Thresholds at 128 and 384 tokens of 64: samples 2 and 6.
+    calculator.init_num_microbatches_calculator(0, None, 4, micro_batch_size=2, data_parallel_size=2,
+                                                step_batch_size_schedule="0:4 128:8 384:12", seq_length=64)
+    seen = []
+    for consumed in (0, 1, 2, 5, 6, 10**6):
+        calculator.update_num_microbatches(consumed)
+        seen.append((calculator.get_current_global_batch_size(), calculator.get_num_microbatches()))
+    assert seen == [(4, 1), (4, 1), (8, 2), (8, 2), (12, 3), (12, 3)]
+    # A step that is no whole number of microbatches stops the run where it is reached (not up front: an early
+    # step may predate the layout of a resumed run).
+    calculator.reconfigure_num_microbatches_calculator(0, None, 4, 2, 2, step_batch_size_schedule="0:4 100:6")
+    with pytest.raises(ValueError, match="global batch size 6 is not divisible by micro batch size"):
+        calculator.update_num_microbatches(100)
+    with pytest.raises(ValueError, match="not both"):
+        calculator.reconfigure_num_microbatches_calculator(0, [4, 4, 100], 12, 2, 2, step_batch_size_schedule="0:4")

@@ -11,12 +11,15 @@ trains (MODE neither inference nor rl) and writes one entry per configuration:
                  the shape flags shrunk (2 layers, or the fewest the pipeline split allows; 16 channels per
                  head, heads the fewest the tensor-parallel split allows; sequence 64; micro-batch <= 2; 3
                  iterations; evaluation 1 iteration; 4+ experts), the data generated (--mock-data; the FIM
-                 dataset reads the fixture corpus), the GPT-2 BPE of the fixtures, the paths {scratch}/...,
-                 no loader workers. Every flag not listed in `changes` is as Megatron-LM's file writes it.
+                 dataset reads the fixture corpus, split 90,5,5), a step batch-size schedule's batches in its
+                 ratios, stepping in the first iterations, the GPT-2 BPE of the fixtures, the paths
+                 {scratch}/..., no loader workers. Every flag not listed in `changes` is as Megatron-LM's file
+                 writes it.
     changes      each of those edits, "flag: before -> after"
     world_size   8, as Megatron-LM's CI (or the layout's size when larger): validation runs at that size
     cpu          the edits of the one-rank CPU training run: every parallel size 1, and the flags that need
-                 several ranks dropped (functional_runs.py applies them)
+                 several ranks dropped (functional_runs.py applies them); two microbatches per step, or a step
+                 schedule's batches at data-parallel size 1
     expect       "train" when validation accepts it (the test trains it), else what refuses it: argparse's
                  message (a flag not built here) or validation's list of problems, verbatim
     ci           trained in CI: the fewest configurations that together train every flag (the others are
@@ -170,6 +173,20 @@ def _shape(shrink: _Shrink) -> None:
         shrink.set("--vocab-size", 1000)
 
 
+def _step_schedule(flags: dict, per_step: int) -> tuple[str, int]:
+    """(--step-batch-size-schedule made tiny, the samples of its first 3 steps): the batches in the written
+    ratios as multiples of `per_step` (micro batch x DP), each threshold (tokens) where the previous step ends,
+    so that every step of the schedule is trained from the first iterations on."""
+    from megatron.core.num_microbatches_calculator import parse_step_batch_size_schedule
+
+    batches = [batch for _, batch in parse_step_batch_size_schedule(" ".join(flags["--step-batch-size-schedule"]))]
+    batches = [per_step * max(1, round(batch / batches[0])) for batch in batches]
+    seq_length = _int(flags, "--seq-length", 64)
+    thresholds = [seq_length * sum(batches[:index]) for index in range(len(batches))]
+    schedule = " ".join(f"{threshold}:{batch}" for threshold, batch in zip(thresholds, batches))
+    return schedule, sum(batches[:3])
+
+
 def _batch(shrink: _Shrink, world_size: int) -> None:
     flags = shrink.flags
     model = (_int(flags, "--tensor-model-parallel-size", 1) * _int(flags, "--pipeline-model-parallel-size", 1)
@@ -183,8 +200,12 @@ def _batch(shrink: _Shrink, world_size: int) -> None:
         shrink.set("--global-batch-size", small * dp * microbatches)
     if "--train-iters" in flags:
         shrink.set("--train-iters", 3)
+    samples = 3 * small * dp * microbatches
+    if "--step-batch-size-schedule" in flags:
+        schedule, samples = _step_schedule(flags, small * dp)
+        shrink.set("--step-batch-size-schedule", schedule)
     if "--train-samples" in flags:
-        shrink.set("--train-samples", 3 * small * dp * microbatches)
+        shrink.set("--train-samples", samples)
     if _int(flags, "--eval-iters", 100) > 1:
         shrink.set("--eval-iters", 1)
     if "--eval-micro-batch-size" in flags:
@@ -200,8 +221,9 @@ def _data(shrink: _Shrink) -> None:
     for flag in DATA_FLAGS:
         if flag not in ("--split", "--tokenizer-type"):
             shrink.drop(flag)
-    if fim:  # Megatron-LM's FIM dataset refuses generated data
+    if fim:  # Megatron-LM's FIM dataset refuses generated data; the corpus's 73 documents split 90/5/5
         shrink.set("--data-path", "{data}")
+        shrink.set("--split", "90,5,5")
     elif "--mock-data" not in flags:
         shrink.set("--mock-data")
     if tokenizer != "NullTokenizer":
@@ -245,13 +267,20 @@ def _world_size(flags: dict) -> int:
 
 
 def _cpu(flags: dict) -> dict:
-    """The one-rank run's edits: sizes 1, multi-rank flags dropped, two microbatches per step."""
+    """The one-rank run's edits: sizes 1, multi-rank flags dropped, two microbatches per step (a step schedule:
+    its batches at data-parallel size 1)."""
     edits = {flag: ["1"] for flag in CPU_SIZES if flag in flags}
     edits.update({flag: None for flag in CPU_DROPPED if flag in flags})
     small = _int(flags, "--micro-batch-size", 1)
-    edits["--global-batch-size"] = [str(2 * small)]
-    if "--train-samples" in flags:
-        edits["--train-samples"] = [str(6 * small)]
+    if "--step-batch-size-schedule" in flags:  # it replaces --global-batch-size
+        schedule, samples = _step_schedule(flags, small)
+        edits["--step-batch-size-schedule"] = [schedule]
+        if "--train-samples" in flags:
+            edits["--train-samples"] = [str(samples)]
+    else:
+        edits["--global-batch-size"] = [str(2 * small)]
+        if "--train-samples" in flags:
+            edits["--train-samples"] = [str(6 * small)]
     if "--eval-global-batch-size" in flags:
         edits["--eval-global-batch-size"] = [str(_int(flags, "--eval-micro-batch-size", small))]
     return edits

@@ -147,6 +147,18 @@ class GPTDataset(MegatronDataset):
 
     def _query_document_sample_shuffle_indices(self, idx: int) -> np.ndarray:
         """The `sequence_length + extra` token ids (int64) of sample `idx`, padded if the stream ran out."""
+        return self._padded(self._sample_tokens(idx))
+
+    def _padded(self, tokens: np.ndarray) -> np.ndarray:
+        """`tokens` padded with the pad id to `sequence_length + extra` (where the document stream ran out)."""
+        missing = self.config.sequence_length + int(self.config.add_extra_token_to_sequence) - len(tokens)
+        if missing > 0:
+            tokens = np.concatenate([tokens, np.full(missing, self._pad_token_id, dtype=np.int64)])
+        return tokens.astype(np.int64, copy=False)
+
+    def _sample_tokens(self, idx: int) -> np.ndarray:
+        """The token ids of sample `idx` as the documents hold them: `sequence_length + extra` unless the stream
+        ran out."""
         extra = int(self.config.add_extra_token_to_sequence)
         stream_sample = int(self.shuffle_index[idx])
         first_position, first_offset = (int(value) for value in self.sample_index[stream_sample])
@@ -161,10 +173,6 @@ class GPTDataset(MegatronDataset):
             for position in range(first_position + 1, last_position):
                 parts.append(self.dataset.get(int(document[position])))
             parts.append(self.dataset.get(int(document[last_position]), offset=0, length=last_offset + extra))
-
-        missing = self.config.sequence_length + extra - sum(len(part) for part in parts)
-        if missing > 0:
-            parts.append(np.full(missing, self._pad_token_id, dtype=np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
     def _cache(self) -> IndexCache | None:

@@ -5,6 +5,7 @@ Model-space layouts: each state tensor is a global tensor on the key of its para
 reshards with the params under any TP / PP / DP layout and loads into either optimizer:
 
     plain optimizer (FP32Optimizer)          "optimizer": {"state": {i: {exp_avg, exp_avg_sq}, "common_step"},
+                                                           (SGD and Muon: {momentum_buffer})
                                                            "param_groups": [...]}
     plain mixed precision (bf16 / fp16)      "optimizer": {"optimizer": {"state": ..., "param_groups": [...]},
     (and FSDP under --bf16)                                "fp32_from_fp16_params": [[fp32 main param, ...]]}
@@ -37,6 +38,7 @@ from megatron.core.dtensor_shards import local_tensor
 from megatron.core.optimizer.chained_optimizer import ChainedOptimizer
 from megatron.core.optimizer.distrib_optimizer import _IMPLEMENTATION_KEYS, DistributedOptimizer
 from megatron.core.optimizer.fully_sharded_optimizer import FullyShardedOptimizer
+from megatron.core.optimizer.muon import TensorParallelMuon
 from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 from megatron.core.optimizer.param_groups import reorder_saved_param_groups
 
@@ -56,6 +58,8 @@ def state_keys(torch_optimizer: torch.optim.Optimizer) -> Tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
     if isinstance(torch_optimizer, torch.optim.SGD):
         return ("momentum_buffer",) if any(group.get("momentum") for group in torch_optimizer.param_groups) else ()
+    if isinstance(torch_optimizer, TensorParallelMuon):
+        return ("momentum_buffer",)
     raise ValueError(f"--ckpt-format torch_dist cannot save the state of {type(torch_optimizer).__name__} yet")
 
 
@@ -227,9 +231,11 @@ def prepare_optimizer_for_load(optimizer, entries: List[dict]) -> None:
                      if key not in ("step", *_IMPLEMENTATION_KEYS)}
             hyper.update({key: group[key] for key in _IMPLEMENTATION_KEYS if key in group})
             ids = list(range(index, index + len(group["params"])))
+            keeps_step = not isinstance(inner, TensorParallelMuon)
             for param_id, param in zip(ids, group["params"]):
-                state[param_id] = {"step": torch.tensor(groups[saved_index]["step"]),
-                                   **{key: torch.zeros_like(param) for key in state_keys(inner)}}
+                # A step tensor of its own per param (Adam increments each in place).
+                step = {"step": torch.tensor(groups[saved_index]["step"])} if keeps_step else {}
+                state[param_id] = {**step, **{key: torch.zeros_like(param) for key in state_keys(inner)}}
             param_groups.append({**hyper, "params": ids})
             index += len(ids)
         inner.load_state_dict({"state": state, "param_groups": param_groups})

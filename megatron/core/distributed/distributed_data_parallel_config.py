@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 
 @dataclass
 class DistributedDataParallelConfig:
@@ -55,6 +57,18 @@ class DistributedDataParallelConfig:
     data_parallel_sharding_strategy: str = "no_shard"
     """With `use_megatron_fsdp`: no_shard, optim, optim_grads or optim_grads_params
     (`--data-parallel-sharding-strategy`)."""
+
+    megatron_fsdp_main_params_dtype: Optional[torch.dtype] = torch.float32
+    """With `use_megatron_fsdp`: the dtype of the main params the optimizer updates (None: the model's
+    dtype). Only float32 is built (`--megatron-fsdp-main-params-dtype`)."""
+
+    megatron_fsdp_main_grads_dtype: Optional[torch.dtype] = None
+    """With `use_megatron_fsdp`: the dtype gradients are accumulated in (None: as built, see
+    `built_megatron_fsdp_dtypes`; `--megatron-fsdp-main-grads-dtype`)."""
+
+    megatron_fsdp_grad_comm_dtype: Optional[torch.dtype] = None
+    """With `use_megatron_fsdp`: the dtype gradients are reduced in (None: the main grads' dtype;
+    `--megatron-fsdp-grad-comm-dtype`)."""
 
     def __post_init__(self):
         unsupported = [

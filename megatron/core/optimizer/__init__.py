@@ -9,6 +9,8 @@
     FSDP (DTensor params)       FullyShardedOptimizer(AdamW or SGD) on the fp32 shards
                                 (TorchFullyShardedDataParallel), any precision but fp16
     expert-parallel params too  ChainedOptimizer([dense optimizer, expert optimizer])
+    --optimizer muon            ChainedOptimizer of Muon (muon.py) for the weight matrices and AdamW for the other
+                                params, each in the precision wrapper (dense and expert apart)
 
 Adam is `torch.optim.AdamW` (decoupled weight decay, as Megatron's FusedAdam in AdamW mode), fused into
 one kernel when the params live on a GPU; the mixed-precision wrappers step it with fusions/fused_adamw.py
@@ -27,6 +29,7 @@ from .chained_optimizer import ChainedOptimizer
 from .distrib_optimizer import DistributedOptimizer
 from .fully_sharded_optimizer import FullyShardedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
+from .muon import TensorParallelMuon, is_muon_param, mark_qkv_params
 from .optimizer import FP32Optimizer, Float16OptimizerWithFloat16Params, MegatronOptimizer, MixedPrecisionOptimizer
 from .optimizer_config import OptimizerConfig
 from .param_groups import get_param_groups, set_min_and_max_lr
@@ -43,6 +46,7 @@ __all__ = [
     "MegatronOptimizer",
     "MixedPrecisionOptimizer",
     "OptimizerConfig",
+    "TensorParallelMuon",
     "get_megatron_optimizer",
 ]
 
@@ -56,8 +60,16 @@ def _params_device(param_groups: List[Dict]) -> torch.device:
     return devices.pop()
 
 
-def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: torch.device):
-    if config.optimizer == "adam":
+def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: torch.device, name: str):
+    if name == "muon":
+        return TensorParallelMuon(
+            param_groups, lr=config.lr, momentum=config.muon_momentum, weight_decay=config.weight_decay,
+            nesterov=config.muon_nesterov, split_qkv=config.muon_split_qkv,
+            fp32_matmul_prec=config.muon_fp32_matmul_prec, coefficient_type=config.muon_coefficient_type,
+            num_ns_steps=config.muon_num_ns_steps, scale_mode=config.muon_scale_mode,
+            extra_scale_factor=config.muon_extra_scale_factor, tp_mode=config.muon_tp_mode,
+        )
+    if name == "adam":
         adam_class = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
         return adam_class(
             param_groups,
@@ -69,7 +81,10 @@ def _inner_optimizer(config: OptimizerConfig, param_groups: List[Dict], device: 
             # (foreach) implementation is used.
             **({"fused": True} if device.type == "cuda" else {}),
         )
-    return torch.optim.SGD(param_groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum)
+    if name == "sgd":
+        return torch.optim.SGD(param_groups, lr=config.lr, weight_decay=config.weight_decay,
+                               momentum=config.sgd_momentum)
+    raise ValueError(f"optimizer {name!r} is not supported yet; choose adam, sgd or muon")
 
 
 def adam_step_kernel(device_type: str, mixed_precision: bool, bf16_moments: bool = False) -> str:
@@ -106,11 +121,13 @@ def _grad_scaler(config: OptimizerConfig, device: torch.device) -> Optional[Mega
 
 
 def _build_optimizer(
-    config: OptimizerConfig, param_groups: List[Dict], model_chunks: List[torch.nn.Module], is_expert_parallel: bool
+    config: OptimizerConfig, param_groups: List[Dict], model_chunks: List[torch.nn.Module], is_expert_parallel: bool,
+    name: str,
 ) -> MegatronOptimizer:
-    """Wraps an AdamW/SGD over `param_groups` in the precision (or distributed) wrapper `config` asks for."""
+    """Wraps the `name` optimizer (adam, sgd, muon) over `param_groups` in the precision (or distributed) wrapper
+    `config` asks for."""
     device = _params_device(param_groups)
-    inner = _inner_optimizer(config, param_groups, device)
+    inner = _inner_optimizer(config, param_groups, device, name)
     if any(is_fully_sharded(param) for group in param_groups for param in group["params"]):
         return FullyShardedOptimizer(inner, config, _compute_dtype(config))
     if config.use_distributed_optimizer:
@@ -177,18 +194,34 @@ def get_megatron_optimizer(
         raise ValueError("get_megatron_optimizer: the model chunks have no trainable parameters")
     set_min_and_max_lr(param_groups, config.lr, config.min_lr, config.decoupled_lr, config.decoupled_min_lr)
 
-    dense_groups = [group for group in param_groups if not group["is_expert_parallel"]]
-    expert_groups = [group for group in param_groups if group["is_expert_parallel"]]
+    if config.optimizer == "muon":
+        mark_qkv_params(model_chunks)
+        by_name = [("muon", _filtered(param_groups, is_muon_param)),
+                   (config.muon_scalar_optimizer, _filtered(param_groups, lambda param: not is_muon_param(param)))]
+    else:
+        by_name = [(config.optimizer, param_groups)]
     optimizers = []
-    if dense_groups:
-        optimizers.append(_build_optimizer(config, dense_groups, model_chunks, is_expert_parallel=False))
-    if expert_groups:
-        expert_optimizer = _build_optimizer(config, expert_groups, model_chunks, is_expert_parallel=True)
-        if parallel_state.model_parallel_is_initialized():
-            expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
-            # The distributed and the fully sharded optimizer reduce their statistics over all ranks already.
-            if not (config.use_distributed_optimizer or isinstance(expert_optimizer, FullyShardedOptimizer)):
-                expert_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
-                expert_optimizer.grad_stats_parallel_group = expert_group
-        optimizers.append(expert_optimizer)
+    for is_expert_parallel in (False, True):
+        for name, groups in by_name:
+            groups = [group for group in groups if group["is_expert_parallel"] == is_expert_parallel]
+            if groups:
+                optimizers.append(_build_optimizer(config, groups, model_chunks, is_expert_parallel, name))
+                if is_expert_parallel:
+                    _reduce_over_expert_groups(config, optimizers[-1])
     return optimizers[0] if len(optimizers) == 1 else ChainedOptimizer(optimizers)
+
+
+def _filtered(param_groups: List[Dict], keep: Callable) -> List[Dict]:
+    """The groups with only the params `keep` accepts (groups left empty dropped)."""
+    groups = [dict(group, params=[param for param in group["params"] if keep(param)]) for group in param_groups]
+    return [group for group in groups if group["params"]]
+
+
+def _reduce_over_expert_groups(config: OptimizerConfig, expert_optimizer: MegatronOptimizer) -> None:
+    """An optimizer of expert-parallel params counts TP replicas and reduces its statistics over the expert groups."""
+    if not parallel_state.model_parallel_is_initialized():
+        return
+    expert_optimizer.tensor_parallel_rank = parallel_state.get_expert_tensor_parallel_rank()
+    # The distributed and the fully sharded optimizer reduce their statistics over all ranks already.
+    if not (config.use_distributed_optimizer or isinstance(expert_optimizer, FullyShardedOptimizer)):
+        expert_optimizer.grad_stats_parallel_group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()

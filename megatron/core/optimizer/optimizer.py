@@ -41,8 +41,9 @@ from .param_groups import reorder_saved_param_groups
 logger = logging.getLogger(__name__)
 
 # Attributes that describe how a parameter is laid out over ranks; its fp32 main copy needs them too, so
-# that norms and zero counts skip replicas.
-_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
+# that norms and zero counts skip replicas (and Muon splits and gathers it as the model param).
+_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce",
+                      "qkv_split_shapes")
 
 
 def copy_layout_attributes(main_param: torch.Tensor, model_param: torch.nn.Parameter) -> None:

@@ -9,7 +9,9 @@ from typing import Callable, List, Optional
 
 import torch
 
-SUPPORTED_OPTIMIZERS = ("adam", "sgd")
+from .muon import muon_option_problems
+
+SUPPORTED_OPTIMIZERS = ("adam", "sgd", "muon")
 
 # The values of --main-grads-dtype, --main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype, as Megatron-LM
 # maps them (fp8 state is stored as uint8).
@@ -60,7 +62,8 @@ class OptimizerConfig:
 
     # --- general -------------------------------------------------------------------------------------
     optimizer: str = "adam"
-    """`adam` (AdamW when `decoupled_weight_decay`, the default) or `sgd`."""
+    """`adam` (AdamW when `decoupled_weight_decay`, the default), `sgd`, or `muon` (Muon for the weight matrices,
+    AdamW for the rest: muon.py)."""
 
     lr: Optional[float] = None
     """Peak learning rate (`--lr`); the scheduler warms up to it and decays from it."""
@@ -119,6 +122,37 @@ class OptimizerConfig:
     sgd_momentum: float = 0.9
     """Momentum of SGD."""
 
+    # --- Muon (muon.py) -------------------------------------------------------------------------------
+    muon_momentum: float = 0.95
+    """Muon's momentum (`--muon-momentum`, default 0.9 there)."""
+
+    muon_split_qkv: bool = True
+    """Orthogonalize the query, key and value rows of the fused QKV weight one by one (`--muon-no-split-qkv`)."""
+
+    muon_nesterov: bool = False
+    """Nesterov momentum (`--muon-nesterov`)."""
+
+    muon_scale_mode: str = "spectral"
+    """Scale of the orthogonalized update: spectral, unit_rms_norm or shape_scaling (`--muon-scale-mode`)."""
+
+    muon_fp32_matmul_prec: str = "medium"
+    """Newton-Schulz precision: medium (bf16 iterations) or high (fp32) (`--muon-fp32-matmul-prec`)."""
+
+    muon_coefficient_type: str = "quintic"
+    """Newton-Schulz coefficient set (`--muon-coefficient-type`)."""
+
+    muon_num_ns_steps: int = 5
+    """Newton-Schulz iterations (`--muon-num-ns-steps`)."""
+
+    muon_tp_mode: str = "duplicated"
+    """How tensor-parallel shards are orthogonalized: duplicated, distributed or blockwise (`--muon-tp-mode`)."""
+
+    muon_extra_scale_factor: float = 1.0
+    """Extra factor on the orthogonalized update (`--muon-extra-scale-factor`)."""
+
+    muon_scalar_optimizer: str = "adam"
+    """Optimizer of the params Muon leaves out (`--muon-scalar-optimizer`): adam only so far."""
+
     # --- distributed optimizer -----------------------------------------------------------------------
     use_distributed_optimizer: bool = False
     """Shard the fp32 main params and Adam state over data-parallel ranks (`--use-distributed-optimizer`)."""
@@ -175,5 +209,13 @@ class OptimizerConfig:
         if self.clip_grad < 0:
             problems.append(f"clip_grad (--clip-grad) must be >= 0 (0 disables clipping), got {self.clip_grad}")
         problems.extend(precision_aware_problems(self))
+        if self.optimizer == "muon":
+            problems.extend(muon_option_problems(self.muon_fp32_matmul_prec, self.muon_coefficient_type,
+                                                 self.muon_num_ns_steps, self.muon_scale_mode, self.muon_tp_mode))
+            if self.fp16:
+                problems.append("optimizer muon with fp16 is not supported (as in Megatron-LM): use bf16")
+            if self.muon_scalar_optimizer != "adam":
+                problems.append(f"muon_scalar_optimizer (--muon-scalar-optimizer) {self.muon_scalar_optimizer} is "
+                                "not supported yet; use adam")
         if problems:
             raise ValueError("invalid OptimizerConfig: " + "; ".join(problems))

@@ -74,6 +74,9 @@ def tokenizer_problems(args) -> list[str]:
     if getattr(args, "special_tokens", None) and tokenizer_type not in ("HuggingFaceTokenizer", "TikTokenizer"):
         problems.append(f"--tokenizer-special-tokens is not supported yet with --tokenizer-type {tokenizer_type} "
                         "(it is with HuggingFaceTokenizer and TikTokenizer)")
+    if getattr(args, "fim_data", False) and tokenizer_type not in ("GPT2BPETokenizer", "HuggingFaceTokenizer"):
+        problems.append(f"--fim-data is not supported yet with --tokenizer-type {tokenizer_type} (it is with "
+                        "GPT2BPETokenizer and HuggingFaceTokenizer)")
     vocab_size = getattr(args, "vocab_size", None)
     if tokenizer_type == "NullTokenizer" and vocab_size is None:
         problems.append("--vocab-size is required by --tokenizer-type NullTokenizer")

@@ -118,6 +118,20 @@ class GPT2BPETokenizer(DictVocabTokenizer):
             raise ValueError(f"GPT2BPETokenizer: ids {unknown[:5]} are outside the vocabulary of {self.vocab_size}")
         return self._bpe.decode(ids, skip_special_tokens=False)
 
+    # Megatron-LM builds GPT2BPETokenizer as Hugging Face's GPT-2 tokenizer, whose one special token
+    # `<|endoftext|>` is also its unknown token: these three follow it.
+    def tokens_to_ids(self, tokens: list[str]) -> list[int]:
+        return [self._vocab.get(token, self._eod_id) for token in tokens]
+
+    def text_to_ids(self, text: str) -> list[int]:
+        ids = []
+        for index, piece in enumerate(text.split(END_OF_TEXT)):
+            ids += ([self._eod_id] if index else []) + self.tokenize(piece)
+        return ids
+
+    def ids_to_text(self, ids, remove_special_tokens: bool = False) -> str:
+        return self.detokenize([i for i in ids if not (remove_special_tokens and int(i) == self._eod_id)])
+
     @property
     def eod(self) -> int:
         return self._eod_id

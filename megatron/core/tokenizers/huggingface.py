@@ -77,6 +77,19 @@ class HuggingFaceTokenizer(MegatronTokenizer):
     def detokenize(self, ids) -> str:
         return self._tokenizer.decode([int(token_id) for token_id in ids])
 
+    def tokens_to_ids(self, tokens: list[str]) -> list[int]:
+        return self._tokenizer.convert_tokens_to_ids(list(tokens))
+
+    def text_to_ids(self, text: str) -> list[int]:
+        if self._include_special_tokens:
+            return self._tokenizer(text).input_ids
+        return self.tokens_to_ids(self._tokenizer.tokenize(text))
+
+    def ids_to_text(self, ids, remove_special_tokens: bool = False) -> str:
+        tokens = self._tokenizer.convert_ids_to_tokens([int(token_id) for token_id in ids])
+        special = set(self._tokenizer.all_special_tokens) if remove_special_tokens else set()
+        return self._tokenizer.convert_tokens_to_string([t for t in tokens if t is not None and t not in special])
+
     @property
     def vocab_size(self) -> int:
         return len(self._tokenizer)

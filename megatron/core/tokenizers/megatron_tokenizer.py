@@ -63,6 +63,19 @@ class MegatronTokenizer(ABC):
     def vocab_size(self) -> int:
         """Number of ids, before padding for tensor parallelism."""
 
+    def tokens_to_ids(self, tokens: list[str]) -> list[int]:
+        """Ids of vocabulary tokens, an unknown one giving the unknown-token id (the fill-in-the-middle
+        dataset's sentinels; Megatron-LM's text tokenizers' `tokens_to_ids`)."""
+        self._missing("tokens_to_ids")
+
+    def text_to_ids(self, text: str) -> list[int]:
+        """Ids of `text` with special-token strings in it read as those tokens (Megatron-LM's `text_to_ids`)."""
+        self._missing("text_to_ids")
+
+    def ids_to_text(self, ids, remove_special_tokens: bool = False) -> str:
+        """Text of `ids`, without the special tokens if asked (Megatron-LM's `ids_to_text`)."""
+        self._missing("ids_to_text")
+
     def _missing(self, name: str, detail: str = ""):
         raise MissingTokenizerAttribute(f"{type(self).__name__} has no attribute {name!r}{detail}")
 

@@ -121,7 +121,41 @@ class SelfAttention(MegatronModule):
             query = self.q_layernorm(query)
         if self.k_layernorm is not None:
             key = self.k_layernorm(key)
+        if self.config.test_mode:
+            self.run_realtime_tests()
         return query, key, value
+
+    @torch.no_grad()
+    def run_realtime_tests(self) -> None:
+        """`test_mode`'s check, Megatron-Core's: the QK norms' params of this layer are bit-identical on every
+        data-parallel and tensor-parallel rank (all-gathered over each group and compared); a RuntimeError names
+        the param, the group, the two ranks and the norm of their difference. Without QK norms it checks
+        nothing, as Megatron-Core."""
+        norms = {"q_layernorm": self.q_layernorm, "k_layernorm": self.k_layernorm}
+        named = [(f"{norm}.{name}", param) for norm, module in norms.items() if module is not None
+                 for name, param in module.named_parameters()]
+        if not named or not parallel_state.model_parallel_is_initialized():
+            return
+        local = torch.cat([param.detach().reshape(-1) for _, param in named])
+        for kind, group in (("data-parallel", parallel_state.get_data_parallel_group()),
+                            ("tensor-parallel", parallel_state.get_tensor_model_parallel_group())):
+            size = torch.distributed.get_world_size(group)
+            if size == 1:
+                continue
+            gathered = [torch.empty_like(local) for _ in range(size)]
+            torch.distributed.all_gather(gathered, local, group=group)
+            rank = torch.distributed.get_rank(group)
+            for other, values in enumerate(gathered):
+                start = 0
+                for name, param in named:
+                    mine, theirs = local[start : start + param.numel()], values[start : start + param.numel()]
+                    start += param.numel()
+                    if not torch.equal(mine, theirs):
+                        raise RuntimeError(
+                            f"--test-mode: layer {self.layer_number} {name} differs between {kind} ranks {other} "
+                            f"and {rank} (norm of the difference {torch.norm((mine - theirs).float()).item():.6g}): "
+                            "a replica was corrupted (memory, network or checkpoint loading)"
+                        )
 
     def _own_query_group(self, mixed_qkv: torch.Tensor) -> torch.Tensor:
         """[s, b, (np + 2 ng) * hn / p] -> [s, b, (np/ng + 2) * hn]: all of group rank // (p/ng) (ng < p)."""

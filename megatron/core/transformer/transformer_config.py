@@ -95,6 +95,11 @@ class TransformerConfig(ModelParallelConfig):
     qk_layernorm: bool = False
     """Normalise each query and key head (with `normalization`) before RoPE."""
 
+    test_mode: bool = False
+    """Megatron-LM's real-time self-test (`--test-mode`): every self-attention forward checks that its QK
+    norms' params are identical on all data-parallel and tensor-parallel ranks (silent corruption of a
+    replica would break that)."""
+
     add_bias_linear: bool = True
     """Biases on every linear layer (`--disable-bias-linear` turns them off)."""
 

@@ -7,6 +7,7 @@ widths, the parameters' dtype, ...); `derive_values` adds those that need severa
     global_batch_size  = micro batch x DP when unset (one microbatch per step); the evaluation batches
                          default to the training ones (the batch plan's defaults, batch_plan.py)
     virtual pipeline stages and the interleaved schedule's defaults (validate_pipeline.py)
+    --optimizer muon: the distributed optimizer off, dist_muon as muon (validate_optimizer.py)
     couplings: no RoPE fusion without RoPE, no bias-GELU fusion without biases, the experts' width
     defaulting to the MLP's, no NaN check under fp16 dynamic loss scaling, --load from --save with
     --auto-resume
@@ -15,6 +16,7 @@ widths, the parameters' dtype, ...); `derive_values` adds those that need severa
 import argparse
 
 from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
+from megatron.training.arguments.validate_optimizer import muon_values
 from megatron.training.arguments.validate_parallel import describe_data_parallel_size, world_size_problem
 from megatron.training.arguments.validate_pipeline import derive_pipeline_stages
 from megatron.training.batch_plan import BatchPlan
@@ -56,7 +58,10 @@ def _batch_values(view) -> dict:
     mbs, dp = view.micro_batch_size, view.data_parallel_size
     if mbs is None or mbs < 1 or dp is None:
         return {}  # reported by the training flags or the parallel layout
-    plan = BatchPlan.from_args(view)
+    try:
+        plan = BatchPlan.from_args(view)
+    except ValueError:
+        return {}  # a malformed --step-batch-size-schedule, reported by the batch checks
     values = {}
     if view.global_batch_size is None:
         values["global_batch_size"] = plan.global_batch_size
@@ -118,6 +123,7 @@ def derive_values(config: RunConfig, world_size: int, problems: list) -> dict:
         add(derive_pipeline_stages(view, problems))
     else:
         add({"virtual_pipeline_model_parallel_size": None})
+    add(muon_values(view))
     add(_batch_values(view))
     add(_precision_values(config, values))
     add(_data_and_checkpoint_values(config, values))

@@ -34,9 +34,7 @@ UNSUPPORTED = (
     Unsupported("--embedding-init-method-std", "a separate embedding init std is not supported yet"),
     Unsupported("--position-embedding-type", "is not supported yet; use learned_absolute, rope or none",
                 ("yarn", "mrope", "relative")),
-    Unsupported("--optimizer", "is not supported yet; use adam or sgd",
-                ("muon", "dist_muon", "lion", "soap", "adaptive_muon")),
-    Unsupported("--step-batch-size-schedule", "is not supported yet; use --rampup-batch-size"),
+    Unsupported("--optimizer", "is not supported yet; use adam, sgd or muon", ("lion", "soap", "adaptive_muon")),
     Unsupported("--ckpt-format", "is not supported yet; use torch_dist or torch", ("torch_dcp", "fsdp_dtensor")),
     Unsupported("--non-persistent-save-interval", "non-persistent checkpoints are not supported yet"),
     Unsupported("--non-persistent-ckpt-type", "non-persistent checkpoints are not supported yet"),
@@ -45,15 +43,11 @@ UNSUPPORTED = (
     Unsupported("--non-persistent-global-ckpt-dir", "non-persistent checkpoints are not supported yet"),
     Unsupported("--fp4-recipe", "FP4 training is not supported yet"),
     Unsupported("--fp32-residual-connection", "keeping the residual stream in fp32 is not supported yet"),
-    Unsupported("--fim-data", "the fill-in-the-middle dataset is not supported yet"),
-    Unsupported("--fim-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
-    Unsupported("--fim-spm-rate", "is for --fim-data: the fill-in-the-middle dataset is not supported yet"),
     Unsupported("--optimizer-cpu-offload", "keeping the optimizer state on the host is not supported yet"),
     Unsupported("--error-injection-rate", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
                                           "not built here"),
     Unsupported("--error-injection-type", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
                                           "not built here"),
-    Unsupported("--test-mode", "Megatron-LM's real-time attention self-tests are not built here"),
     Unsupported("--multiple-validation-sets", "evaluating each validation dataset separately is not supported yet"),
     Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss, sinkhorn or "
                                                     "none", ("global_aux_loss", "quantile_balancing")),

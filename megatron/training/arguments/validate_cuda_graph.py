@@ -36,6 +36,7 @@ def check_cuda_graph(args, problems: list) -> None:
         f"--recompute-granularity {args.recompute_granularity} (recomputation replays random states)":
             args.recompute_granularity is not None,
         "--rampup-batch-size (the number of micro batches changes)": args.rampup_batch_size is not None,
+        "--step-batch-size-schedule (the number of micro batches changes)": args.step_batch_size_schedule is not None,
     }
     for reason, applies in reasons.items():
         if applies:

@@ -15,7 +15,13 @@ interleaved) and with tied embeddings.
 import argparse
 import os
 
+import torch
+
 from megatron.training.arguments.reporting import warn_rank_0
+
+_MEGATRON_FSDP_DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": ("--megatron-fsdp-main-params-dtype", torch.float32),
+                              "megatron_fsdp_main_grads_dtype": ("--megatron-fsdp-main-grads-dtype", None),
+                              "megatron_fsdp_grad_comm_dtype": ("--megatron-fsdp-grad-comm-dtype", None)}
 
 _PARAMS_SHARDED = ("optim_grads", "optim_grads_params")
 
@@ -48,3 +54,17 @@ def check_fsdp(args: argparse.Namespace, problems: list) -> None:
         # Megatron-LM refuses this; the run is right either way, only slower.
         warn_rank_0(f"{flag}: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises FSDP's all-gathers and reduce-scatters with "
                     "the compute (they run on streams of their own); unset it unless tensor parallelism needs it")
+
+
+def check_megatron_fsdp_dtypes(args: argparse.Namespace, problems: list) -> None:
+    """--megatron-fsdp-*-dtype: the dtypes the strategy's wrapper builds (mcore_fsdp_adapter.py), or a line
+    saying the flag has no effect without --use-megatron-fsdp (Megatron-LM reads it only there)."""
+    if not args.use_megatron_fsdp:
+        for dest, (flag, default) in _MEGATRON_FSDP_DTYPE_FLAGS.items():
+            if getattr(args, dest) != default:
+                warn_rank_0(f"{flag} has no effect without --use-megatron-fsdp (as in Megatron-LM)")
+        return
+    # Imported here: the wrappers load the model code, which parsing alone does not need.
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import megatron_fsdp_dtype_mismatches
+
+    problems += megatron_fsdp_dtype_mismatches(args, args.accumulate_allreduce_grads_in_fp32, args.params_dtype)

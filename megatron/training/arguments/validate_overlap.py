@@ -40,6 +40,12 @@ def check_overlap_options(args: argparse.Namespace, problems: list) -> None:
             problems.append("--overlap-moe-expert-parallel-comm cannot go with --recompute-granularity full")
         if not (args.bf16 or args.fp16):
             problems.append("--overlap-moe-expert-parallel-comm needs --bf16 or --fp16")
+    if args.delay_wgrad_compute:
+        if not args.overlap_moe_expert_parallel_comm:
+            problems.append("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm")
+        if args.transformer_impl != "transformer_engine":
+            problems.append(f"--delay-wgrad-compute needs --transformer-impl transformer_engine (Megatron-LM's "
+                            f"rule), got {args.transformer_impl}")
     if args.overlap_p2p_comm_warmup_flush and args.virtual_pipeline_model_parallel_size is None:
         problems.append("--overlap-p2p-communication-warmup-flush needs virtual pipeline stages (the interleaved "
                         "schedule, whose transfers Megatron-LM overlaps)")

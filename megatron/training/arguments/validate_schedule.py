@@ -1,10 +1,13 @@
 """Rules between the batch, the run length, the learning-rate schedule and the parallel layout (each
 section's own rules are its `validate`: megatron/training/config/training.py, optimizer.py). The batch sizes'
-rules are the batch plan's (megatron/training/batch_plan.py), where their arithmetic is.
+rules are the batch plan's (megatron/training/batch_plan.py), where their arithmetic is. A step batch-size
+schedule must be well formed here; each step's batch is checked when the run reaches it (an early step may
+predate the layout of a resumed run, as in Megatron-LM).
 """
 
 import argparse
 
+from megatron.core.num_microbatches_calculator import parse_step_batch_size_schedule
 from megatron.training.arguments.validate_parallel import describe_data_parallel_size
 from megatron.training.batch_plan import BatchPlan
 
@@ -15,6 +18,12 @@ def check_batch_sizes(args: argparse.Namespace, problems: list) -> None:
     mbs, dp, gbs = args.micro_batch_size, args.data_parallel_size, args.global_batch_size
     if mbs is None or mbs < 1 or dp is None or gbs is None or gbs < 1:
         return  # reported by the training flags or the parallel layout
+    if args.step_batch_size_schedule is not None:
+        try:
+            parse_step_batch_size_schedule(args.step_batch_size_schedule, args.seq_length)
+        except ValueError as error:
+            problems.append(str(error))
+            return  # the batch plan reads the schedule
     problems.extend(BatchPlan.from_args(args).size_problems(describe_data_parallel_size(args)))
 
 

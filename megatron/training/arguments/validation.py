@@ -22,9 +22,10 @@ from megatron.training.arguments.unsupported import find_unsupported
 from megatron.training.arguments.validate_cuda_graph import check_cuda_graph
 from megatron.training.arguments.validate_fp8 import check_fp8
 from megatron.training.arguments.mla_mtp import check_mla_mtp
-from megatron.training.arguments.validate_fsdp import check_fsdp
+from megatron.training.arguments.validate_fsdp import check_fsdp, check_megatron_fsdp_dtypes
 from megatron.training.arguments.validate_model import check_model_shape
 from megatron.training.arguments.validate_moe import check_moe
+from megatron.training.arguments.validate_optimizer import check_muon
 from megatron.training.arguments.validate_overlap import check_overlap_options
 from megatron.training.arguments.validate_parallel import check_parallel_layout
 from megatron.training.arguments.validate_schedule import check_batch_sizes, check_run_length
@@ -54,6 +55,7 @@ CROSS_SECTION_CHECKS = (
     check_moe,
     check_mla_mtp,
     check_fsdp,
+    check_megatron_fsdp_dtypes,
     check_batch_sizes,
     check_run_length,
     _check_precision_aware_optimizer,
@@ -62,6 +64,7 @@ CROSS_SECTION_CHECKS = (
     _check_auto_resume,
     check_determinism,
     check_overlap_options,
+    check_muon,
 )
 
 

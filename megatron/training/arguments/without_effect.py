@@ -55,6 +55,22 @@ WITHOUT_EFFECT = (
                                                               "overlapped with compute"),
     WithoutEffect("--overlap-moe-expert-parallel-comm", f"{_SPEED_ONLY}; the expert-parallel all-to-alls here are "
                                                         "not overlapped with computation"),
+    WithoutEffect("--moe-router-fusion", f"{_SPEED_ONLY}; the router here computes its top-k and auxiliary loss "
+                                         "with plain torch operations (the same values)"),
+    WithoutEffect("--delay-wgrad-compute", f"{_SPEED_ONLY}; the weight gradients here are computed in each "
+                                           "backward pass, as the expert-parallel all-to-alls are not overlapped"),
+    WithoutEffect("--tp-comm-overlap-cfg", "it configures Transformer Engine's userbuffers for --tp-comm-overlap; "
+                                           "the overlap here is this framework's own and takes no configuration"),
+    WithoutEffect("--outer-dp-sharding-strategy", "it shards the optimizer state over the outer data-parallel "
+                                                  "dimension of Megatron-FSDP's hybrid sharding; here there is one "
+                                                  "instance, sharded over the whole data-parallel group already",
+                  values=("optim",)),
+    WithoutEffect("--no-use-layer-wise-param-layout", "it picks the buffer layout of Megatron-LM's layer-wise "
+                                                      "distributed optimizer (--optimizer muon "
+                                                      "--use-distributed-optimizer; the same updates), which is not "
+                                                      "built here: every data-parallel rank keeps the whole state"),
+    WithoutEffect("--muon-use-syrk", f"{_SPEED_ONLY}; Muon's Gram matrices here are torch matmuls (the same "
+                                     "products)"),
     WithoutEffect("--mla-down-proj-fusion", f"{_SPEED_ONLY}; the multi-latent attention down projections here "
                                             "are separate GEMMs computing the same function"),
     WithoutEffect("--moe-router-dtype", "the router here always computes its logits and scores in fp32, as the "

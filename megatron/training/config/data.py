@@ -84,13 +84,37 @@ class DataConfig(Section):
     """Threads per rank that build dataset indices."""
 
     fim_data: bool = False
-    """Fill-in-the-middle samples (Megatron-LM's FIM dataset)."""
+    """Fill-in-the-middle samples (Megatron-LM's FIM dataset, megatron/training/datasets/fim_dataset.py)."""
 
     fim_rate: float = 0.5
     """Probability that a sample becomes a fill-in-the-middle sample (with --fim-data)."""
 
     fim_spm_rate: float = 0.5
     """Probability that a fill-in-the-middle sample is in suffix-prefix-middle order (with --fim-data)."""
+
+    fim_split_sample: str | None = None
+    """A token at which samples are cut into fragments, each rearranged on its own (with --fim-data)."""
+
+    fim_fragment_rate: float | None = None
+    """Probability that a fragment is rearranged (with --fim-split-sample)."""
+
+    fim_no_prefix: str | None = None
+    """Leave sequences whose text starts with this string as they are (with --fim-data)."""
+
+    fim_prefix_token: str = "<fim_prefix>"
+    """The token before the prefix (with --fim-data; outside the vocabulary: the unknown token)."""
+
+    fim_middle_token: str = "<fim_middle>"
+    """The token before the middle (with --fim-data)."""
+
+    fim_suffix_token: str = "<fim_suffix>"
+    """The token before the suffix (with --fim-data)."""
+
+    fim_pad_token: str = "<fim_pad>"
+    """The token that pads a rearranged sample back to its length (with --fim-data)."""
+
+    fim_eod_token: str = "<|endoftext|>"
+    """The end-of-document token at which samples are cut into segments (with --fim-data)."""
 
     mid_level_dataset_surplus: float = 0.005
     """Extra fraction of samples built for each blended dataset."""
@@ -130,6 +154,21 @@ class DataConfig(Section):
         for flag_name, probability in (("--mask-prob", self.mask_prob), ("--short-seq-prob", self.short_seq_prob)):
             if not 0.0 <= probability <= 1.0:
                 problems.append(f"{flag_name} {probability} must be in [0, 1]")
+        return problems + (self._fim_problems() if self.fim_data else [])
+
+    def _fim_problems(self) -> list[str]:
+        """Megatron-LM's rules for --fim-data (its rates must be non-zero), and rates that are probabilities."""
+        problems = []
+        if self.mock_data:
+            problems.append("--fim-data reads documents: it cannot go with --mock-data (as in Megatron-LM)")
+        for flag_name, rate in (("--fim-rate", self.fim_rate), ("--fim-spm-rate", self.fim_spm_rate),
+                                ("--fim-fragment-rate", self.fim_fragment_rate)):
+            if rate is not None and not 0.0 <= rate <= 1.0:
+                problems.append(f"{flag_name} {rate} must be in [0, 1]")
+            elif rate == 0.0 and flag_name != "--fim-fragment-rate":
+                problems.append(f"{flag_name} must be non-zero with --fim-data (Megatron-LM's rule)")
+        if self.fim_split_sample is not None and self.fim_fragment_rate is None:
+            problems.append("--fim-split-sample needs --fim-fragment-rate")
         return problems
 
     def _source_problems(self) -> list[str]:

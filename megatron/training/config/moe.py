@@ -125,6 +125,15 @@ class MoEConfig(Section):
     moe_permute_fusion: bool = False
     """Fuse the token permutation kernels."""
 
+    moe_router_fusion: bool = False
+    """Megatron-LM: compute the router's top-k and auxiliary loss with Transformer Engine's fused kernels.
+    Here the router runs plain torch operations (the same values)."""
+
+    delay_wgrad_compute: bool = False
+    """Megatron-LM: delay the experts' weight-gradient GEMMs so that they overlap the expert-parallel
+    all-to-alls (with --overlap-moe-expert-parallel-comm). Here they run in each backward pass (the same
+    gradients)."""
+
     @property
     def effective_num_experts(self) -> int | None:
         """--num-experts, with 0 meaning dense (None), as in Megatron."""

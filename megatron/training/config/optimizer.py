@@ -18,7 +18,9 @@ class OptimizerChoiceConfig(Section):
     TITLE = "optimizer"
 
     optimizer: str = flag("adam", choices=("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"))
-    """adam is AdamW (decoupled weight decay); sgd uses --sgd-momentum."""
+    """adam is AdamW (decoupled weight decay); sgd uses --sgd-momentum; muon updates the weight matrices with Muon
+    (--muon-*) and the other params with AdamW; dist_muon is Megatron-LM's old name of --optimizer muon
+    --use-distributed-optimizer."""
 
     optimizer_cpu_offload: bool = False
     """Keep the optimizer state on the host and step there (Megatron-LM's hybrid-device optimizer)."""
@@ -87,6 +89,43 @@ class RegularizationConfig(Section):
 
     sgd_momentum: float = 0.9
     """SGD momentum."""
+
+    muon_momentum: float = 0.9
+    """Muon's momentum (with --optimizer muon)."""
+
+    muon_split_qkv: bool = flag(True, names=("--muon-no-split-qkv",))
+    """Orthogonalize the fused QKV weight whole instead of its query, key and value rows one by one."""
+
+    muon_nesterov: bool = False
+    """Nesterov momentum in Muon."""
+
+    muon_scale_mode: str = flag("spectral", choices=("spectral", "unit_rms_norm", "shape_scaling"))
+    """Scale of Muon's orthogonalized update of a [rows, cols] matrix: sqrt(max(rows, cols)), sqrt(rows / cols) or
+    sqrt(max(1, rows / cols))."""
+
+    muon_fp32_matmul_prec: str = flag("medium", choices=("low", "medium", "high"))
+    """Precision of Muon's Newton-Schulz iterations: medium runs them in bf16, high in fp32 (TF32 on GPUs)."""
+
+    muon_coefficient_type: str = "quintic"
+    """Newton-Schulz coefficients of Muon: simple, quintic, polar_express, cans, aol or deepseekv4."""
+
+    muon_num_ns_steps: int = 5
+    """Newton-Schulz iterations of Muon."""
+
+    muon_tp_mode: str = flag("duplicated", choices=("blockwise", "duplicated", "distributed"))
+    """How Muon orthogonalizes tensor-parallel shards: the gathered matrix (duplicated), through summed Gram
+    matrices (distributed; both the update of one rank), or each shard alone (blockwise)."""
+
+    muon_use_syrk: bool = False
+    """Megatron-LM: compute Muon's Gram matrices with a Triton SYRK kernel. Here they are torch matmuls (the
+    same products)."""
+
+    muon_extra_scale_factor: float = 1.0
+    """Extra factor on Muon's update."""
+
+    muon_scalar_optimizer: str = flag("adam", choices=("adam", "lion"))
+    """Optimizer of the params Muon leaves out (embeddings, output layer, norms, biases): adam (lion is not
+    supported yet)."""
 
     def derived(self) -> dict:
         """With the constant style, the weight-decay ramp starts and ends at --weight-decay."""

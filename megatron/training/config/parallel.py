@@ -8,7 +8,16 @@ import math
 import os
 from dataclasses import dataclass
 
+import torch
+
 from megatron.training.config.fields import Section, flag
+
+
+# Megatron-FSDP's dtype flags as Megatron-LM's validation turns them into torch dtypes (auto: None); a validated
+# namespace holds the dtypes already.
+_MEGATRON_FSDP_DTYPE_FIELDS = ("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype",
+                               "megatron_fsdp_grad_comm_dtype")
+_MEGATRON_FSDP_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": None}
 
 
 def _launcher_local_rank() -> int:
@@ -77,8 +86,16 @@ class DistributedConfig(Section):
     tp_comm_overlap: bool = False
     """Overlap tensor-parallel communication with GEMMs (needs --sequence-parallel)."""
 
+    tp_comm_overlap_cfg: str | None = None
+    """Megatron-LM: the YAML file configuring Transformer Engine's userbuffers for --tp-comm-overlap. The
+    overlap here is this framework's own and takes no configuration."""
+
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (ZeRO-1)."""
+
+    use_layer_wise_param_layout: bool = flag(True, names=("--no-use-layer-wise-param-layout",))
+    """Megatron-LM: with --optimizer muon --use-distributed-optimizer, fall back from its precomputed
+    layer-wise buffer layout to the older one (the same updates, another reduction order)."""
 
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient reduction with the backward pass."""
@@ -137,6 +154,23 @@ class DistributedConfig(Section):
     """With --use-megatron-fsdp, what is sharded: nothing, optimizer state (ZeRO-1), + grads (ZeRO-2), + params
     (ZeRO-3)."""
 
+    megatron_fsdp_main_params_dtype: str = flag("fp32", choices=("fp32", "bf16", "fp16", "auto"))
+    """With --use-megatron-fsdp: dtype of the main params the optimizer updates (auto: the model's). Only
+    fp32 is built."""
+
+    megatron_fsdp_main_grads_dtype: str = flag("auto", choices=("fp32", "bf16", "fp16", "auto"))
+    """With --use-megatron-fsdp: dtype the gradients are accumulated in (auto: as built here, fp32 where the
+    params are sharded, else the reduction's dtype)."""
+
+    megatron_fsdp_grad_comm_dtype: str = flag("auto", choices=("fp32", "bf16", "fp16", "auto"))
+    """With --use-megatron-fsdp: dtype the gradients are reduced in (auto: the main grads'); fp32 unless
+    --grad-reduce-in-bf16."""
+
+    outer_dp_sharding_strategy: str = flag("no_shard", choices=("no_shard", "optim"))
+    """Megatron-LM: what the outer data-parallel dimension of hybrid sharding (Megatron-FSDP with
+    --num-distributed-optimizer-instances > 1) shards: nothing, or the optimizer state too. Here sharding is
+    over the whole data-parallel group (one instance), which optim asks for."""
+
     gradient_accumulation_fusion: bool = flag(True, names=("--no-gradient-accumulation-fusion",))
     """Do not fuse weight-gradient accumulation into the fp32 main_grad buffer."""
 
@@ -184,7 +218,9 @@ class DistributedConfig(Section):
     def derived(self) -> dict:
         return {"transformer_pipeline_model_parallel_size": self.pipeline_model_parallel_size,
                 "expert_tensor_parallel_size": self.effective_expert_tensor_parallel_size,
-                "sequence_parallel": self.effective_sequence_parallel, **self._megatron_fsdp_values()}
+                "sequence_parallel": self.effective_sequence_parallel, **self._megatron_fsdp_values(),
+                **{name: _MEGATRON_FSDP_DTYPES.get(getattr(self, name), getattr(self, name))
+                   for name in _MEGATRON_FSDP_DTYPE_FIELDS}}
 
     def _megatron_fsdp_values(self) -> dict:
         """--use-megatron-fsdp's strategy decides the optimizer: the distributed one for `optim` (as Megatron-LM

@@ -58,7 +58,8 @@ class ResilienceConfig(Section):
     """Megatron-LM's re-run engine: the kind of error --error-injection-rate injects."""
 
     test_mode: bool = False
-    """Megatron-LM: run its real-time self-tests of attention alongside training."""
+    """Check in every self-attention forward that the QK norms' params are identical on all data-parallel and
+    tensor-parallel ranks (Megatron-LM's real-time self-test; stops on silent corruption)."""
 
     auto_resume: bool = False
     """Resume from the latest complete checkpoint in --save (--load defaults to --save); start afresh when

@@ -27,7 +27,8 @@ class TrainingConfig(Section):
     samples, e.g. 16 16 5859375."""
 
     step_batch_size_schedule: str | None = None
-    """Step-wise global batch schedule, e.g. "0:16 2.4B:320"."""
+    """Global batch by consumed tokens, "THRESHOLD:BATCH ...", e.g. "0:384 200B:768 400B:1152" (thresholds with
+    K/M/B/T suffixes, the first 0); replaces --global-batch-size."""
 
     decrease_batch_size_if_needed: bool = False
     """Shrink the global batch when micro-batch x data-parallel size does not divide it."""
@@ -118,6 +119,14 @@ class TrainingConfig(Section):
             problems.append(f"--micro-batch-size {self.micro_batch_size} must be positive")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             problems.append(f"--global-batch-size {self.global_batch_size} must be positive")
+        if self.step_batch_size_schedule is not None:
+            others = [name for name, given in (("--global-batch-size", self.global_batch_size is not None),
+                                               ("--rampup-batch-size", self.rampup_batch_size is not None),
+                                               ("--decrease-batch-size-if-needed", self.decrease_batch_size_if_needed))
+                      if given]
+            if others:
+                problems.append(f"--step-batch-size-schedule sets the global batch: drop {', '.join(others)} "
+                                "(Megatron-LM's rule)")
         if self.rampup_batch_size is not None:
             if len(self.rampup_batch_size) != 3:
                 problems.append(f"--rampup-batch-size takes 3 values <start> <increment> <samples>, got "

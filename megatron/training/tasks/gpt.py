@@ -21,6 +21,7 @@ from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_tp_rank
 from megatron.training.console import print_rank_0
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
+from megatron.training.datasets.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megatron.training.global_vars import get_args, get_timers, get_tokenizer
 
 
@@ -121,8 +122,17 @@ def is_dataset_built_on_rank() -> bool:
 
 
 def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
+    """The GPT dataset config of the arguments (with --fim-data, the fill-in-the-middle one)."""
     blend, blend_per_split = get_blend_and_blend_per_split(args)
-    return GPTDatasetConfig(
+    fim = {}
+    if args.fim_data:
+        tokens = {"prefix": args.fim_prefix_token, "middle": args.fim_middle_token, "suffix": args.fim_suffix_token,
+                  "pad": args.fim_pad_token, "eod": args.fim_eod_token}
+        fim = {"fim_rate": args.fim_rate, "fim_spm_rate": args.fim_spm_rate, "fim_extra_tokens": tokens,
+               "fim_split_sample": args.fim_split_sample, "fim_fragment_rate": args.fim_fragment_rate,
+               "fim_no_prefix": args.fim_no_prefix}
+    return (GPTFIMDatasetConfig if args.fim_data else GPTDatasetConfig)(
+        **fim,
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
@@ -144,7 +154,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples):
     """GPT (or mock) datasets for the three splits, built only where `is_dataset_built_on_rank`."""
     args = get_args()
     config = core_gpt_dataset_config_from_args(args)
-    dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    dataset_type = MockGPTDataset if args.mock_data else GPTFIMDataset if args.fim_data else GPTDataset
     print_rank_0("> building train, validation, and test datasets for GPT ...")
     train_ds, valid_ds, test_ds = BlendedMegatronDatasetBuilder(
         dataset_type, train_val_test_num_samples, is_dataset_built_on_rank, config

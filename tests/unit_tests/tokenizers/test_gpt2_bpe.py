@@ -4,7 +4,7 @@ import random
 
 import pytest
 from tokenizers import ByteLevelBPETokenizer
-from transformers import GPT2Tokenizer
+from transformers import GPT2Tokenizer, GPT2TokenizerFast
 
 from megatron.core.tokenizers import GPT2BPETokenizer
 from tests.unit_tests.tokenizers.mixed_text import UNICODE_LINES
@@ -57,6 +57,20 @@ def test_endoftext_in_text_is_ordinary_text(ours, reference):
     assert ours.eod not in ids
     assert ids == reference.encode(text, split_special_tokens=True)
     assert ours.detokenize(ids) == text
+
+
+def test_text_tokenizer_methods_are_megatron_main_s(ours, gpt2_files, documents):
+    """tokens_to_ids, text_to_ids and ids_to_text (what the FIM dataset uses) as Megatron-LM main's
+    GPT2BPETokenizer, which is Hugging Face's GPT-2 tokenizer, gives them."""
+    hf = GPT2TokenizerFast(*gpt2_files)
+    tokens = ["<fim_prefix>", "<|endoftext|>", "def", "Ġthe"]
+    assert ours.tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens)  # unknown: <|endoftext|>
+    text = documents[0][:300] + "<|endoftext|>" + documents[1][:300]
+    assert ours.text_to_ids(text) == hf(text).input_ids
+    rng = random.Random(0)
+    for ids in [ours.text_to_ids(text)] + [[rng.randrange(ours.vocab_size) for _ in range(8)] for _ in range(50)]:
+        kept = [token for token in hf.convert_ids_to_tokens(ids) if token not in hf.all_special_tokens]
+        assert ours.ids_to_text(ids, remove_special_tokens=True) == hf.convert_tokens_to_string(kept)
 
 
 def test_detokenize_of_arbitrary_ids_replaces_broken_utf8_like_the_reference(ours, reference):

@@ -73,3 +73,14 @@ def test_bad_locations_explain_what_is_expected(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable_hub)
     with pytest.raises(ValueError, match="is not a local directory, and loading it as a Hugging Face Hub id failed"):
         HuggingFaceTokenizer("some-org/some-tokenizer")
+
+
+def test_text_tokenizer_methods(tokenizer_dir, plain):
+    """tokens_to_ids, text_to_ids, ids_to_text (what the FIM dataset uses), as Megatron-LM's: the special tokens
+    kept or dropped, a special-token string in the text read as that token."""
+    tokenizer = HuggingFaceTokenizer(tokenizer_dir, include_special_tokens=False)
+    assert tokenizer.tokens_to_ids(["<s>", "<|endoftext|>"]) == [2000, 0]
+    ids = tokenizer.text_to_ids("a b<s>c")
+    assert ids == plain.encode("a b").ids + [2000] + plain.encode("c").ids
+    assert tokenizer.ids_to_text(ids) == "a b<s>c" and tokenizer.ids_to_text(ids, remove_special_tokens=True) == "a bc"
+    assert HuggingFaceTokenizer(tokenizer_dir).text_to_ids("c") == [2000] + plain.encode("c").ids

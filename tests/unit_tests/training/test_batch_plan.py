@@ -125,3 +125,37 @@ def test_sizes_that_do_not_divide_and_the_default_global_batch():
     assert BatchPlan.from_args(unset) == BatchPlan(2, 1, 2, eval_micro_batch_size=2, eval_global_batch_size=2)
     unset.global_batch_size = None  # as the validation sees it before deriving it
     assert BatchPlan.from_args(unset, data_parallel_size=4).global_batch_size == 8
+
+
+def test_step_schedule_plan_walks_megatrons_update_train_iters():
+    # Steps of 2, 4 and 6 samples from sample 0, 2 and 6 on.
+    plan = BatchPlan(micro_batch_size=2, data_parallel_size=1, global_batch_size=2,
+                     step_batch_size_schedule=((0, 2), (2, 4), (6, 6)))
+    assert [plan.step_batch(consumed) for consumed in (0, 2, 6, 12)] == [
+        StepBatch(2, 2, 1), StepBatch(4, 4, 2), StepBatch(6, 6, 3), StepBatch(6, 6, 3)]
+    # 0 -> 2 -> 6 -> 12: three steps; a partial last step counts (13 samples: a fourth step, to 18).
+    assert (plan.train_iters(12), plan.train_iters(13)) == (3, 4)
+    # The plain global batch stays micro batch x DP for what is counted in global batches.
+    assert plan.samples(3) == 6
+
+
+def test_step_schedule_arguments(monkeypatch):
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 " \
+            "--micro-batch-size 2 --train-samples 12 --lr 1e-3".split()
+    schedule = ["--step-batch-size-schedule", "0:2 128:4 384:6"]
+    args = validate_args(parse_args(args_list=[*flags, *schedule]))
+    plan = BatchPlan.from_args(args)
+    # 128 and 384 tokens at sequence length 64: samples 2 and 6.
+    assert (args.global_batch_size, plan.step_batch_size_schedule) == (2, ((0, 2), (2, 4), (6, 6)))
+    plan.install(rank=0)
+    try:
+        for consumed in (0, 2, 6):
+            plan.move_calculator(consumed)
+            assert plan.step_batch(consumed).num_microbatches == calculator.get_num_microbatches()
+    finally:
+        calculator.destroy_num_microbatches_calculator()
+    with pytest.raises(ValueError) as error:
+        validate_args(parse_args(args_list=[*flags, "--global-batch-size", "4",
+                                            "--step-batch-size-schedule", "0:2 63:4"]))
+    assert "--step-batch-size-schedule sets the global batch: drop --global-batch-size" in str(error.value)
+    assert "thresholds must strictly increase" in str(error.value)

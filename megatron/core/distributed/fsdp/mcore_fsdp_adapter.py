@@ -57,6 +57,38 @@ def reshards_after_forward(ddp_config: DistributedDataParallelConfig) -> bool:
     return _PARAMS_SHARDED[_strategy(ddp_config)]
 
 
+_DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": "--megatron-fsdp-main-params-dtype",
+                "megatron_fsdp_main_grads_dtype": "--megatron-fsdp-main-grads-dtype",
+                "megatron_fsdp_grad_comm_dtype": "--megatron-fsdp-grad-comm-dtype"}
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def built_megatron_fsdp_dtypes(strategy: str, grad_reduce_in_fp32: bool, params_dtype: torch.dtype) -> dict:
+    """{dtype field: what the strategy's wrapper here uses}. Main params: fp32 (the sharded strategies' params
+    are fp32 shards, the others keep the optimizer's fp32 main copies). Gradients are reduced in fp32 with
+    `grad_reduce_in_fp32`, else in the params' dtype, and accumulated in the fp32 shards (sharded strategies) or
+    in DDP's buffer of the reduction dtype."""
+    reduced = torch.float32 if grad_reduce_in_fp32 else params_dtype
+    return {"megatron_fsdp_main_params_dtype": torch.float32,
+            "megatron_fsdp_main_grads_dtype": torch.float32 if strategy in _PARAMS_SHARDED else reduced,
+            "megatron_fsdp_grad_comm_dtype": reduced}
+
+
+def megatron_fsdp_dtype_mismatches(settings, grad_reduce_in_fp32: bool, params_dtype: torch.dtype) -> list:
+    """One message per dtype field of `settings` (a DistributedDataParallelConfig, or the validated arguments: the
+    same names) that asks for another dtype than `built_megatron_fsdp_dtypes`. Unset (None) means: main params in
+    the model's dtype, main grads as built, communication in the main grads' dtype."""
+    asked = {"megatron_fsdp_main_params_dtype": settings.megatron_fsdp_main_params_dtype or params_dtype,
+             "megatron_fsdp_main_grads_dtype": settings.megatron_fsdp_main_grads_dtype,
+             "megatron_fsdp_grad_comm_dtype": (settings.megatron_fsdp_grad_comm_dtype
+                                               or settings.megatron_fsdp_main_grads_dtype)}
+    strategy = settings.data_parallel_sharding_strategy
+    built = built_megatron_fsdp_dtypes(strategy, grad_reduce_in_fp32, params_dtype)
+    return [f"{field} ({_DTYPE_FLAGS[field]}) {_DTYPE_NAMES[dtype]} is not supported yet: Megatron-FSDP's "
+            f"{strategy} strategy here uses {_DTYPE_NAMES[built[field]]}"
+            for field, dtype in asked.items() if dtype is not None and dtype != built[field]]
+
+
 def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, module: torch.nn.Module,
                              disable_bucketing: bool = False, **unused):
     """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
@@ -64,6 +96,9 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
     optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
     accepted and not used: the groups come from parallel_state, the units are fixed."""
     strategy = _strategy(ddp_config)
+    mismatches = megatron_fsdp_dtype_mismatches(ddp_config, ddp_config.grad_reduce_in_fp32, config.params_dtype)
+    if mismatches:
+        raise ValueError("; ".join(mismatches))
     fields = {field.name: getattr(ddp_config, field.name) for field in dataclasses.fields(DistributedDataParallelConfig)}
     fields["use_megatron_fsdp"] = False
     if strategy in _PARAMS_SHARDED:

@@ -36,6 +36,8 @@ REFUSED_BY_VALIDATION = {
 # line that asks for each, on two ranks.
 _INTERLEAVED = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
                 "1", "--global-batch-size", "8"]
+_EP_OVERLAP = ["--num-experts", "2", "--expert-model-parallel-size", "2", "--bf16", "--moe-token-dispatcher-type",
+               "alltoall", "--overlap-moe-expert-parallel-comm"]
 WITHOUT_EFFECT_PROBES = {
     "--num-distributed-optimizer-instances": ["--num-distributed-optimizer-instances", "2",
                                               "--use-distributed-optimizer"],
@@ -44,8 +46,8 @@ WITHOUT_EFFECT_PROBES = {
                                                    "--overlap-param-gather-with-optimizer-step"],
     "--defer-embedding-wgrad-compute": ["--pipeline-model-parallel-size", "2", "--defer-embedding-wgrad-compute"],
     "--overlap-p2p-communication-warmup-flush": [*_INTERLEAVED, "--overlap-p2p-communication-warmup-flush"],
-    "--overlap-moe-expert-parallel-comm": ["--num-experts", "2", "--expert-model-parallel-size", "2", "--bf16",
-                                           "--moe-token-dispatcher-type", "alltoall", "--overlap-moe-expert-parallel-comm"],
+    "--overlap-moe-expert-parallel-comm": _EP_OVERLAP,
+    "--delay-wgrad-compute": [*_EP_OVERLAP, "--delay-wgrad-compute"],
 }
 
 _VALIDATION_FUNCTIONS = ("validate",)

@@ -31,7 +31,7 @@ TE = is_transformer_engine_available()
     (["--ckpt-convert-format", "torch_dist"], "--ckpt-convert-format torch_dist needs --ckpt-convert-save and --load"),
     (["--transformer-impl", "inference_optimized"], "--transformer-impl inference_optimized: is not supported yet"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
-    (["--optimizer", "muon"], "--optimizer muon: is not supported yet; use adam or sgd"),
+    (["--optimizer", "lion"], "--optimizer lion: is not supported yet; use adam, sgd or muon"),
 ])
 def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -2,6 +2,7 @@
 the config the model is wrapped with, and the combinations refused with their reason."""
 
 import pytest
+import torch
 
 from megatron.core.distributed import TorchFullyShardedDataParallelConfig
 from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, uses_distributed_optimizer
@@ -61,3 +62,25 @@ def test_strategies_without_sharded_params_take_what_ddp_takes(validated):
     args = validated(*MINIMAL, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--fp16",
                      "--pipeline-model-parallel-size", "2", "--num-layers", "2", "--micro-batch-size", "1")
     assert args.use_distributed_optimizer and args.fp16
+
+
+@pytest.mark.parametrize("strategy, dtypes, refused", [
+    # What Megatron-LM's Megatron-FSDP test configurations pass: what the wrappers here build under --bf16.
+    ("optim_grads_params", ("fp32", "fp32", "fp32"), []),
+    ("no_shard", ("fp32", "fp32", "fp32"), []),
+    ("optim_grads_params", ("bf16", "auto", "auto"), ["main-params"]),
+    # auto main params: the model's bf16; the reduction follows the main grads
+    ("optim_grads_params", ("auto", "bf16", "auto"), ["main-params", "main-grads", "grad-comm"]),
+])
+def test_megatron_fsdp_dtypes_built_or_refused(validated, strategy, dtypes, refused):
+    flags = [*MINIMAL, "--bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+    for name, dtype in zip(("main-params", "main-grads", "grad-comm"), dtypes):
+        flags += [f"--megatron-fsdp-{name}-dtype", dtype]
+    if not refused:
+        assert validated(*flags).megatron_fsdp_grad_comm_dtype == torch.float32
+        return
+    with pytest.raises(ValueError) as error:
+        validated(*flags)
+    assert len(str(error.value).splitlines()) == 1 + len(refused)
+    for name in refused:
+        assert f"(--megatron-fsdp-{name}-dtype) bf16 is not supported yet" in str(error.value)

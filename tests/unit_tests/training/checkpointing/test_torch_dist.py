@@ -66,6 +66,24 @@ def test_resume_from_torch_dist_continues_exactly(tmp_path):
     assert train_steps(model, optimizer, scheduler, args, 2, 3) == expected
 
 
+@pytest.mark.parametrize("ckpt_format", ["torch_dist", "torch"])
+def test_muon_resume_continues_exactly(tmp_path, ckpt_format):
+    # Muon's momentum of the matrices, Adam's moments and step of the rest, the fp32 main params.
+    flags = ("--optimizer", "muon", "--ckpt-format", ckpt_format)
+    args = make_args("--bf16", *flags, "--save", tmp_path)
+    model, optimizer, scheduler = build_run(args, 1234)
+    train_steps(model, optimizer, scheduler, args, 0, 2)
+    save_checkpoint(2, [model], optimizer, scheduler, 3.0e12, args=args)
+    expected = train_steps(model, optimizer, scheduler, args, 2, 3)
+    if ckpt_format == "torch_dist":
+        report = describe_checkpoint(str(tmp_path))
+        assert "momentum_buffer x 5" in report and "exp_avg x 12" in report, report
+
+    model, optimizer, scheduler, args = _fresh(tmp_path, *flags)
+    assert load_checkpoint([model], optimizer, scheduler, args=args) == (2, 3.0e12)
+    assert train_steps(model, optimizer, scheduler, args, 2, 3) == expected
+
+
 def test_async_save_writes_a_snapshot_and_is_latest_once_finalised(tmp_path):
     args = make_args("--bf16", "--ckpt-format", "torch_dist", "--async-save", "--save", tmp_path)
     model, optimizer, scheduler = build_run(args, 1234)
