@@ -24,6 +24,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
 from megatron.core.transformer.moe.moe_config_checks import moe_config_problems
 from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_problems
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout, as_layout
 
 RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
 RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
@@ -48,6 +49,11 @@ class TransformerConfig(ModelParallelConfig):
 
     account_for_loss_in_pipeline_split: bool = False
     """Count the output layer and loss as one layer of the last stage when splitting layers over stages."""
+
+    pipeline_model_parallel_layout: Optional[Union[str, list, PipelineParallelLayerLayout]] = None
+    """Explicit placement of the layers on the (virtual) pipeline stages, e.g. "Et*3|(tt|)*6tmL"
+    (pipeline_parallel_layer_layout.py); parsed in `__post_init__`, where it also sets
+    `virtual_pipeline_model_parallel_size`."""
 
     hidden_size: int = 0
     """Width h of the residual stream."""
@@ -292,6 +298,7 @@ class TransformerConfig(ModelParallelConfig):
     """Keep the residual stream in fp32."""
 
     def __post_init__(self):
+        self._parse_layout()
         problems = self.parallelism_problems()
         size_problems = self._size_problems()
         problems += size_problems
@@ -307,6 +314,18 @@ class TransformerConfig(ModelParallelConfig):
             self.init_method = init_method_normal(self.init_method_std)
         if self.output_layer_init_method is None:
             self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
+
+    def _parse_layout(self) -> None:
+        """Parses `pipeline_model_parallel_layout`; an unset VPP takes the layout's. A layout that does not
+        parse stays as given: the layer split check reports why."""
+        try:
+            layout = as_layout(self.pipeline_model_parallel_layout, self.pipeline_model_parallel_size)
+        except (ValueError, ZeroDivisionError):
+            return
+        self.pipeline_model_parallel_layout = layout
+        if layout is not None and self.virtual_pipeline_model_parallel_size is None:
+            vpp = layout.virtual_pipeline_model_parallel_size
+            self.virtual_pipeline_model_parallel_size = vpp if vpp > 1 else None
 
     def _size_problems(self) -> list[str]:
         problems = []
