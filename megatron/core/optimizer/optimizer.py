@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 
 # Attributes that describe how a parameter is laid out over ranks; its fp32 main copy needs them too, so
 # that norms and zero counts skip replicas.
-_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
+_LAYOUT_ATTRIBUTES = (
+    "tensor_model_parallel", "partition_dim", "partition_stride", "partition_sections", "shared", "allreduce"
+)
 
 
 def copy_layout_attributes(main_param: torch.Tensor, model_param: torch.nn.Parameter) -> None:

@@ -114,15 +114,6 @@ def read_torch_checkpoint(load_dir: str, iteration: int | None = None) -> tuple[
     if missing:
         raise FileNotFoundError(f"{directory}: the args say TP={tp}, PP={pp}, EP={ep} but the files of (tp, pp, ep) "
                                 f"ranks {missing} are missing")
-    uneven = [flag for flag, value in (
-        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout),
-        ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers),
-        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers),
-        ("--account-for-embedding-in-pipeline-split", args.account_for_embedding_in_pipeline_split),
-        ("--account-for-loss-in-pipeline-split", args.account_for_loss_in_pipeline_split)) if value]
-    if pp > 1 and uneven:
-        raise ValueError(f"{first_file}: pipeline stages of unequal size ({', '.join(uneven)}) are not supported "
-                         "yet; convert a checkpoint saved with layers split evenly over the stages")
     tied = not args.untie_embeddings_and_output_weights
     stages = []
     for p in range(pp):
