@@ -121,6 +121,18 @@ def recompute_module_problems(recompute_granularity: str | None, recompute_modul
 GATED_DELTA_NET_VARIANTS = ("gdn", "gated_delta_net")  # "gated_delta_net": Megatron-Core's older name
 
 
+def linear_attention_pattern(num_layers: int, experimental_attention_variant: str | None,
+                             linear_attention_freq) -> list[int]:
+    """One entry per layer, 1 = Gated DeltaNet, 0 = softmax attention: with `linear_attention_freq` N, layer i
+    (from 0) is softmax attention when (i + 1) % N == 0; a list is the pattern itself; all 0 without linear
+    attention."""
+    if experimental_attention_variant not in GATED_DELTA_NET_VARIANTS:
+        return [0] * num_layers
+    if isinstance(linear_attention_freq, int):
+        return [0 if (index + 1) % linear_attention_freq == 0 else 1 for index in range(num_layers)]
+    return list(linear_attention_freq)
+
+
 def linear_attention_problems(settings, name: SettingName = field_setting) -> list[str]:
     """Gated DeltaNet layers (`experimental_attention_variant` gdn / gated_delta_net; megatron/core/ssm):
     `linear_attention_freq` N >= 1 (every N-th layer keeps softmax attention) or one 0/1 entry per layer

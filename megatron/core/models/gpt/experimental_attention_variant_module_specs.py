@@ -18,7 +18,7 @@ from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer.config_rules import GATED_DELTA_NET_VARIANTS
+from megatron.core.transformer.config_rules import linear_attention_pattern
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.pipeline_layer_split import get_num_layers_to_build, get_transformer_layer_offset
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -42,12 +42,8 @@ def get_gated_delta_net_module_spec(config: TransformerConfig, backend=None) -> 
 
 def get_linear_attention_pattern(config: TransformerConfig) -> list[int]:
     """One entry per layer of the model, 1 = Gated DeltaNet, 0 = softmax attention (module docstring)."""
-    freq = config.linear_attention_freq
-    if config.experimental_attention_variant not in GATED_DELTA_NET_VARIANTS:
-        return [0] * config.num_layers
-    if isinstance(freq, int):
-        return [0 if (index + 1) % freq == 0 else 1 for index in range(config.num_layers)]
-    return list(freq)
+    return linear_attention_pattern(config.num_layers, config.experimental_attention_variant,
+                                    config.linear_attention_freq)
 
 
 def get_transformer_layer_with_experimental_attention_variant_spec(config: TransformerConfig,
