@@ -3,7 +3,6 @@
 import signal
 from dataclasses import dataclass
 
-from megatron.core.transformer.config_rules import recompute_module_problems
 from megatron.training.config.fields import Section, flag
 
 # Signal names accepted by --exit-signal; validation turns the name into a `signal.Signals`.
@@ -152,8 +151,7 @@ class TrainingConfig(Section):
             problems.append("--recompute-method applies to --recompute-granularity full only, not selective")
         if self.distribute_saved_activations and self.effective_recompute_granularity != "full":
             problems.append("--distribute-saved-activations needs --recompute-granularity full")
-        return problems + recompute_module_problems(self.effective_recompute_granularity, self.recompute_modules,
-                                                    name=lambda field, *value: "--recompute-modules")
+        return problems
 
 
 @dataclass(kw_only=True)
