@@ -97,18 +97,33 @@ def recompute_layer_problems(
     return problems
 
 
-RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
-RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts", "gdn_norm_out")
+RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj")
+RECOMPUTE_MODULES_NOT_YET = ("moe", "shared_experts", "gdn_norm_out")
+# Recomputed into their outputs' storage (tensor_parallel.CheckpointWithoutOutput).
+_OUTPUT_DISCARDING = ("layernorm", "moe_act", "mla_up_proj")
 
 
 def recompute_module_problems(recompute_granularity: str | None, recompute_modules: list | None,
-                              name: SettingName = field_setting) -> list[str]:
+                              settings=None, name: SettingName = field_setting) -> list[str]:
     """Selective recompute: each of `recompute_modules` is one built here, or one of Megatron-Core's that is not
-    built yet (refused so), or unknown."""
+    built yet (refused so), or unknown; "moe_act" needs `moe_grouped_gemm` and "mla_up_proj"
+    `multi_latent_attention` (Megatron-Core's rules), and the output-discarding ones are not combined with
+    `use_torch_compile` yet. `settings` (a TransformerConfig or the arguments) holds those three."""
     if recompute_granularity != "selective":
         return []
     problems = []
-    for module in recompute_modules or ():
+    modules = recompute_modules or ()
+    if "moe_act" in modules and not getattr(settings, "moe_grouped_gemm", False):
+        problems.append(f"{name('recompute_modules')} entry 'moe_act' needs {name('moe_grouped_gemm')} (as in "
+                        "Megatron-LM)")
+    if "mla_up_proj" in modules and not getattr(settings, "multi_latent_attention", False):
+        problems.append(f"{name('recompute_modules')} entry 'mla_up_proj' needs {name('multi_latent_attention')} "
+                        "(as in Megatron-LM)")
+    discarding = [module for module in modules if module in _OUTPUT_DISCARDING]
+    if discarding and getattr(settings, "use_torch_compile", False):
+        problems.append(f"{name('recompute_modules')} {' '.join(discarding)} with {name('use_torch_compile')} is "
+                        "not supported yet")
+    for module in modules:
         if module in RECOMPUTE_MODULES_NOT_YET:
             problems.append(f"{name('recompute_modules')} entry {module!r} is not supported yet; supported: "
                             f"{', '.join(RECOMPUTE_MODULES_SUPPORTED)}")

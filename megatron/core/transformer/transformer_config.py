@@ -176,7 +176,8 @@ class TransformerConfig(ModelParallelConfig):
     """Split the saved layer inputs over the TP ranks during full recompute."""
 
     recompute_modules: Optional[list] = None
-    """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp."""
+    """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp (recomputed with
+    their activations), layernorm, moe_act, mla_up_proj (outputs dropped after use and recomputed)."""
 
     # --- mixture of experts (megatron/core/transformer/moe) ------------------------------------------------
     num_moe_experts: Optional[int] = None
@@ -420,7 +421,7 @@ class TransformerConfig(ModelParallelConfig):
         problems += recompute_layer_problems(
             granularity, method, num, self.num_layers, self.pipeline_model_parallel_size
         )
-        problems += recompute_module_problems(granularity, self.recompute_modules)
+        problems += recompute_module_problems(granularity, self.recompute_modules, self)
         if self.distribute_saved_activations:
             problems.append("distribute_saved_activations=True is not supported yet")
         return problems

@@ -62,6 +62,7 @@ def check_model_shape(args: argparse.Namespace, problems: list) -> None:
     problems.extend(recompute_layer_problems(args.recompute_granularity, args.recompute_method,
                                              args.recompute_num_layers, args.num_layers or None,
                                              args.pipeline_model_parallel_size, name=flag_setting))
-    problems.extend(recompute_module_problems(args.recompute_granularity, args.recompute_modules, name=flag_setting))
+    problems.extend(recompute_module_problems(args.recompute_granularity, args.recompute_modules, args,
+                                              name=flag_setting))
     if args.distribute_saved_activations and args.sequence_parallel:
         problems.append("--distribute-saved-activations cannot be combined with --sequence-parallel")
