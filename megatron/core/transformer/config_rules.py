@@ -152,8 +152,8 @@ def linear_attention_problems(settings, name: SettingName = field_setting) -> li
     """Gated DeltaNet layers (`experimental_attention_variant` gdn / gated_delta_net; megatron/core/ssm):
     `linear_attention_freq` N >= 1 (every N-th layer keeps softmax attention) or one 0/1 entry per layer
     (1 = linear attention); positive head sizes; value heads a multiple of key heads; both head counts
-    divisible by TP x CP (Megatron-Core's rule; CP > 1 is not supported yet). `settings` has those names
-    (a TransformerConfig, or the parsed arguments)."""
+    divisible by TP x CP (Megatron-Core's rule; CP > 1 is not supported yet); with FP8 an in_proj width that
+    is a multiple of 16. `settings` has those names (a TransformerConfig, or the parsed arguments)."""
     variant = settings.experimental_attention_variant
     if variant is None:
         return []
@@ -177,6 +177,10 @@ def linear_attention_problems(settings, name: SettingName = field_setting) -> li
     if value_heads % key_heads:
         problems.append(f"{name('linear_num_value_heads', value_heads)} must be a multiple of "
                         f"{name('linear_num_key_heads', key_heads)} (each key head serves a group of value heads)")
+    in_proj = 2 * key_heads * sizes["linear_key_head_dim"] + 2 * value_heads * (sizes["linear_value_head_dim"] + 1)
+    if getattr(settings, "fp8", None) and in_proj % 16:
+        problems.append(f"FP8 GEMMs need Gated DeltaNet's in_proj width 2 nk dk + 2 nv (dv + 1) = {in_proj} to be a "
+                        f"multiple of 16 (as in Megatron-LM)")
     tp, cp = settings.tensor_model_parallel_size, settings.context_parallel_size
     if cp > 1:
         problems.append(f"Gated DeltaNet with {name('context_parallel_size', cp)} is not supported yet")

@@ -26,6 +26,8 @@ def test_qwen3_next_flags_reach_the_arguments(validated):
      "--linear-num-value-heads 6 must be a multiple of --linear-num-key-heads 4"),
     (["--linear-attention-freq", "2", "--experimental-attention-variant", "dsa"],
      "--experimental-attention-variant dsa is not supported yet; use gated_delta_net (gdn)"),
+    (["--linear-attention-freq", "2", "--linear-num-value-heads", "12", "--fp8-format", "hybrid", "--bf16"],
+     "FP8 GEMMs need Gated DeltaNet's in_proj width 2 nk dk + 2 nv (dv + 1) = 536 to be a multiple of 16"),
     (["--linear-attention-freq", "2", "--moe-shared-expert-gate"],
      "--moe-shared-expert-gate needs shared experts (--moe-shared-expert-intermediate-size)"),
     (["--linear-attention-freq", "2", "--attention-output-gate", "--multi-latent-attention"],
