@@ -7,7 +7,14 @@ bias, RMSNorm not):
 
     norms 2h (+2h)   QKV h(q+2k) (+q+2k)   proj qh (+h)   fc1 h.f.g (+f.g)   fc2 f.h (+h)
 
-(+ the q and k norms of kv_channels each with --qk-layernorm). Multi-latent attention (n heads, d_nope + d_rope
+(+ the q and k norms of kv_channels each with --qk-layernorm; + h.q and its bias in QKV with
+--attention-output-gate). A Gated DeltaNet layer (--experimental-attention-variant, the layers
+--linear-attention-freq picks; nk key heads of dk, nv value heads of dv, qk = nk.dk, v = nv.dv, kernel K) has
+instead of QKV and proj, all split over TP but its output norm
+
+    in_proj h(2qk + 2v + 2nv)   conv1d K(2qk + v)   A_log, dt_bias 2nv   out_proj v.h   out_norm dv (2dv) replicated
+
+Multi-latent attention (n heads, d_nope + d_rope
 query/key and d_v value channels, latents r_q and r_kv) has instead of QKV and proj
 
     q: h.r_q replicated + r_q.n(d_nope + d_rope) split (or h.n(d_nope + d_rope) split without r_q)
@@ -21,7 +28,8 @@ the output layer is another V.h when untied (or, tied under PP, the last stage's
 
 A MoE layer (--num-experts E, the layers --moe-layer-freq picks) has, instead of fc1/fc2, a router E.h
 (replicated), E experts of h.f_e.g + f_e.h (split over EP x expert-TP) and, with
---moe-shared-expert-intermediate-size f_s, a shared MLP h.f_s.g + f_s.h (split over TP). A T5 (the entry
+--moe-shared-expert-intermediate-size f_s, a shared MLP h.f_s.g + f_s.h (split over TP), and h replicated with
+--moe-shared-expert-gate. A T5 (the entry
 script's model type `encoder_and_decoder`) has --encoder-num-layers such layers, then --decoder-num-layers with a
 cross-attention each (norm 2h, q h.q, kv 2.h.k, proj q.h, and their biases), a final norm after each
 stack and the LM head's bias V. BERT's pooler, LM-head transform and token types (2h^2 + ~V) are not
@@ -63,13 +71,16 @@ router's fp32 logits and probabilities (measured on CPU: within 1% of what the l
 expert's MLP activations. Each multi-token-prediction depth keeps a layer's activations, its embedding, norm
 and eh_proj inputs (5 . s.b.h.B) and its logits. A T5 decoder
 layer also keeps its cross-attention's norm, q, k, v (over the encoder's tokens) and output; T5's
-activations are this model's arithmetic, not checked against a measurement.
+activations are this model's arithmetic, not checked against a measurement. Gated DeltaNet layers are
+counted with a softmax-attention layer's activations (theirs are not modelled yet).
 """
 
 from dataclasses import dataclass
 
 from megatron.core.distributed.fsdp.mcore_fsdp_adapter import reshards_after_forward, shards_params
 from megatron.core.enums import ModelType
+from megatron.core.transformer.config_rules import linear_attention_pattern
+from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.training.arguments.core_configs import ddp_config_from_args
 
 GIB = 1024**3
@@ -153,14 +164,25 @@ def _attention_parameters(args) -> tuple[int, int]:
         split += q + 2 * k
     if args.qk_layernorm:  # one norm of kv_channels for the query heads, one for the key heads
         replicated += 2 * args.kv_channels * (1 if args.normalization == "RMSNorm" else 2)
+    if getattr(args, "attention_output_gate", False):  # a gate row per query row
+        split += h * q + (q if args.add_bias_linear or getattr(args, "add_qkv_bias", False) else 0)
     return split, replicated
 
 
-def _layer_parameters(args, moe: bool = False, cross_attention: bool = False) -> tuple[int, int, int]:
+def _linear_attention_parameters(args) -> tuple[int, int]:
+    """(split over TP, replicated) parameters of a Gated DeltaNet layer's attention (module docstring)."""
+    h, heads, value_head = args.hidden_size, args.linear_num_value_heads, args.linear_value_head_dim
+    qk, v = args.linear_num_key_heads * args.linear_key_head_dim, heads * value_head
+    split = h * (2 * qk + 2 * v + 2 * heads) + args.linear_conv_kernel_dim * (2 * qk + v) + 2 * heads + v * h
+    return split, value_head * (1 if args.normalization == "RMSNorm" else 2)
+
+
+def _layer_parameters(args, moe: bool = False, cross_attention: bool = False,
+                      linear_attention: bool = False) -> tuple[int, int, int]:
     """(split over TP, replicated, split over EP x expert-TP) parameters of one transformer layer."""
     h = args.hidden_size
     q, k = _query_key_widths(args)
-    split, replicated = _attention_parameters(args)
+    split, replicated = _linear_attention_parameters(args) if linear_attention else _attention_parameters(args)
     replicated += 2 * _norm(args)
     if cross_attention:  # T5 decoder: q from the decoder, k and v from the encoder output
         split += h * q + 2 * h * k + q * h + ((q + 2 * k) if args.add_bias_linear else 0)
@@ -172,6 +194,7 @@ def _layer_parameters(args, moe: bool = False, cross_attention: bool = False) ->
         if args.moe_shared_expert_intermediate_size:
             shared_split, shared_replicated = _mlp_parameters(args, args.moe_shared_expert_intermediate_size)
             split, replicated = split + shared_split, replicated + shared_replicated
+            replicated += h if getattr(args, "moe_shared_expert_gate", False) else 0
     else:
         mlp_split, mlp_replicated = _mlp_parameters(args, args.ffn_hidden_size)
         split, replicated = split + mlp_split, replicated + mlp_replicated
@@ -189,12 +212,9 @@ def _layers(args) -> list[tuple[int, int, int]]:
         decoder_layers = args.decoder_num_layers or args.encoder_num_layers
         return [_layer_parameters(args)] * args.encoder_num_layers + [
             _layer_parameters(args, cross_attention=True)] * decoder_layers
-    if not args.num_experts:
-        return [_layer_parameters(args)] * args.num_layers
-    frequency = args.moe_layer_freq
-    pattern = ([layer % frequency == 0 for layer in range(args.num_layers)] if isinstance(frequency, int)
-               else [bool(is_moe) for is_moe in frequency])
-    return [_layer_parameters(args, moe=is_moe) for is_moe in pattern]
+    moe = moe_layer_pattern(args.num_layers, args.moe_layer_freq) if args.num_experts else [0] * args.num_layers
+    linear = linear_attention_pattern(args.num_layers, args.experimental_attention_variant, args.linear_attention_freq)
+    return [_layer_parameters(args, moe=is_moe, linear_attention=is_linear) for is_moe, is_linear in zip(moe, linear)]
 
 
 def _embedding_parameters(args) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from datetime import datetime
 
 import torch
 
+from megatron.core.transformer.config_rules import linear_attention_pattern
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
 from megatron.training.batch_plan import StepBatch
@@ -32,7 +33,8 @@ def num_floating_point_operations(args, batch_size: int) -> float:
     vocab, D multi-token-prediction depths (each a layer of the last layer's kind with its own logits and
     eh_proj). f sums the MLP widths a token goes through: L*ffn for a dense model; with MoE, dense layers
     count ffn and MoE layers topk*moe_ffn + the shared-expert width (the router's h*E is negligible). A is
-    one layer's attention per token (`_attention_flops_per_token`), counted causally.
+    one layer's attention per token (`_attention_flops_per_token`), counted causally; L*A sums it over the
+    layers, whose Gated DeltaNet layers count `_linear_attention_flops_per_token` instead.
     """
     s, h, L = args.seq_length, args.hidden_size, args.num_layers
     depths = getattr(args, "mtp_num_layers", None) or 0
@@ -42,16 +44,30 @@ def num_floating_point_operations(args, batch_size: int) -> float:
         widths = [moe_width if is_moe else args.ffn_hidden_size for is_moe in moe_layer_pattern(L, args.moe_layer_freq)]
     f = sum(widths) + depths * widths[-1]
     g = 1.5 if args.swiglu else 1.0
+    linear = linear_attention_pattern(L, args.experimental_attention_variant, args.linear_attention_freq)
+    per_layer = [_linear_attention_flops_per_token(args) if is_linear else _attention_flops_per_token(args)
+                 for is_linear in linear]
     return batch_size * s * (
-        12 * h * f * g + (L + depths) * _attention_flops_per_token(args)
+        12 * h * f * g + sum(per_layer) + depths * per_layer[-1]
         + 6 * h * args.padded_vocab_size * (1 + depths) + 6 * depths * (3 * h + 2 * h * h)
     )
+
+
+def _linear_attention_flops_per_token(args) -> float:
+    """Forward + backward FLOPs of one Gated DeltaNet layer per token, as Megatron-LM counts them:
+    6*[h(2 qk + 2 v + 2 nv) + K(2 qk + v) + 4 nv dv^2 + v h], qk = nk dk and v = nv dv the key and value
+    widths, K the convolution width (in_proj, conv1d, the delta rule's four products, out_proj)."""
+    qk, v = args.linear_num_key_heads * args.linear_key_head_dim, args.linear_num_value_heads * args.linear_value_head_dim
+    heads, h = args.linear_num_value_heads, args.hidden_size
+    return 6 * (h * (2 * qk + 2 * v + 2 * heads) + args.linear_conv_kernel_dim * (2 * qk + v)
+                + 4 * heads * args.linear_value_head_dim**2 + v * h)
 
 
 def _attention_flops_per_token(args) -> float:
     """Forward + backward FLOPs of one layer's self-attention per token (3 x 2 x the multiply-adds), causal.
 
-    Standard: 12*h^2*r*(1 + q + s/(2h)), r = kv_channels*heads/h, q = query groups/heads. Multi-latent
+    Standard: 12*h^2*r*(1 + q + s/(2h)), r = kv_channels*heads/h, q = query groups/heads (+ 6*h^2*r for
+    the output gate's projection). Multi-latent
     attention (n heads, latents r_q, r_kv): 6*[r_q(h + n(d_nope + d_rope) + 1) (h.n(d_nope + d_rope) without
     r_q) + r_kv(h + n(d_nope + d_v) + 1) + h.d_rope + n.d_v.h] + 6*s*n*(d_nope + d_rope + d_v)/2, as
     Megatron-LM counts it (the +1: the latent norms)."""
@@ -67,7 +83,8 @@ def _attention_flops_per_token(args) -> float:
         return 6 * projections + 6 * s * heads * (q_head + args.v_head_dim) / 2
     r = args.kv_channels * heads / h
     groups = args.num_query_groups if args.group_query_attention else heads
-    return 12 * h * h * r * (1 + groups / heads + s / (2 * h))
+    gate = 6 * h * h * r if getattr(args, "attention_output_gate", False) else 0  # the gate's projection
+    return 12 * h * h * r * (1 + groups / heads + s / (2 * h)) + gate
 
 
 def peak_tflops() -> float | None:

@@ -22,8 +22,8 @@ trains (MODE neither inference nor rl) and writes one entry per configuration:
                  schedule's batches at data-parallel size 1
     expect       "train" when validation accepts it (the test trains it), else what refuses it: argparse's
                  message (a flag not built here) or validation's list of problems, verbatim
-    ci           trained in CI: the fewest configurations that together train every flag (the others are
-                 validated in CI and trained by --train-all)
+    ci           trained in CI: the fewest configurations that together train every flag their one-rank runs
+                 keep (the others are validated in CI and trained by --train-all)
 """
 
 import argparse
@@ -235,14 +235,17 @@ def _data(shrink: _Shrink) -> None:
 
 
 def _layers(shrink: _Shrink, world_size: int) -> None:
-    """The fewest layers, from 2 up to the configuration's own count, whose split over the pipeline stages
+    """The fewest layers, from 2 (from N with --linear-attention-freq N, so that a softmax-attention layer
+    stays among the linear ones) up to the configuration's own count, whose split over the pipeline stages
     validation accepts (interleaved schedules keep two virtual stages per rank); the count as written when
-    none is accepted. A --moe-layer-freq list fixes the count."""
+    none is accepted. A --moe-layer-freq or --linear-attention-freq list, or a pipeline layout, fixes the
+    count."""
     flags = shrink.flags
-    if flags.get("--moe-layer-freq", ["1"])[0].startswith(("[", "(")):
+    patterns = (flags.get("--moe-layer-freq", ["1"])[0], flags.get("--linear-attention-freq", ["1"])[0])
+    if any(pattern.startswith(("[", "(")) for pattern in patterns) or "--pipeline-model-parallel-layout" in flags:
         return
     original = flags["--num-layers"]
-    fewest = 2
+    fewest = max(2, int(patterns[1]))
     if "--num-layers-per-virtual-pipeline-stage" in flags:
         shrink.set("--num-layers-per-virtual-pipeline-stage", 1)
         fewest = 2 * _int(flags, "--pipeline-model-parallel-size", 1)
@@ -300,17 +303,22 @@ def entry(name: str, config: dict) -> dict:
             "changes": shrink.changes, "cpu": _cpu(shrink.flags), "expect": "train" if outcome == "valid" else outcome}
 
 
+def _trained_flags(e: dict) -> set:
+    """The flags of an entry that its one-rank CPU run keeps (the dropped ones are only validated)."""
+    return {flag for flag in as_dict(e["argv"]) if e["cpu"].get(flag, []) is not None}
+
+
 def pick_ci_subset(entries: list[dict]) -> None:
     """Marks the fewest trainable entries (greedy, in file order on ties) that together hold every flag that
-    some trainable entry holds."""
+    the one-rank run of some trainable entry keeps."""
     trainable = [e for e in entries if e["expect"] == "train"]
-    missing = set().union(*(as_dict(e["argv"]) for e in trainable)) if trainable else set()
+    missing = set().union(*(_trained_flags(e) for e in trainable)) if trainable else set()
     for e in entries:
         e["ci"] = False
     while missing:
-        best = max(trainable, key=lambda e: len(missing & set(as_dict(e["argv"]))))
+        best = max(trainable, key=lambda e: len(missing & _trained_flags(e)))
         best["ci"] = True
-        missing -= set(as_dict(best["argv"]))
+        missing -= _trained_flags(best)
 
 
 def main(argv=None) -> None:

@@ -11,8 +11,8 @@ Keys (Megatron-Core's `sharded_state_dict` of its local-spec models):
     decoder.layers.<l>.<name>       instead, when the block's layers differ (MoE only every k-th layer)
 
 with the layer's norms under the names of the linears they precede (Transformer Engine's fused modules):
-`input_layernorm.` -> `self_attention.linear_qkv.layer_norm_`, `pre_mlp_layernorm.` ->
-`mlp.linear_fc1.layer_norm_`. Every parallel linear of a layer also has `<linear>._extra_state`, a
+`input_layernorm.` -> `self_attention.linear_qkv.layer_norm_` (`self_attention.in_proj.layer_norm_` in a Gated
+DeltaNet layer), `pre_mlp_layernorm.` -> `mlp.linear_fc1.layer_norm_`. Every parallel linear of a layer also has `<linear>._extra_state`, a
 ShardedObject on the layer grid (its FP8 scaling state, None without one), as Megatron-Core writes it.
 
 Where a tensor sits comes from the attributes every tensor-parallel layer sets on its params
@@ -22,6 +22,9 @@ Where a tensor sits comes from the attributes every tensor-parallel layer sets o
     partition_dim d, stride 1   rank r holds rows [o_r, o_r + n_r) of dim d, o_r = n_0 + ... + n_{r-1}
     partition_dim d, stride s   the global dim is s blocks (SwiGLU fc1 = [gate; up]); rank r holds its
                                 part of each block: local [g_r; u_r] -> global rows of g and of u
+    partition_sections (n_k)    the same with unequal blocks of global sizes n_k (Gated DeltaNet's
+                                [q; k; v; z; beta; alpha]): local block k, n_k / p rows, at global
+                                n_0 + ... + n_{k-1} + r n_k / p
 
 The sizes n_r are gathered over the tensor-parallel group (the vocabulary may be split unevenly), so
 building the dict is collective over that group. Replica ids are (pipeline copy, TP copy, DP rank):
@@ -34,8 +37,9 @@ expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP 
 not depend on EP either (these keys are this project's: Megatron-LM's MoE layout is not followed yet).
 """
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -51,6 +55,8 @@ EXTRA_STATE_SUFFIX = "_extra_state"
 # Megatron-Core's sharded_state_dict_keys_map of its local layer specs (GPT, BERT, T5).
 LAYER_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                   "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+# A Gated DeltaNet layer's (megatron/core/ssm), whose input norm Megatron-Core fuses into `in_proj`.
+LINEAR_ATTENTION_LAYER_KEYS_MAP = {**LAYER_KEYS_MAP, "input_layernorm.": "self_attention.in_proj.layer_norm_"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class _LayerPlace:
     key_prefix: str
     index: Optional[int]
     num_layers: int
+    renames: Dict[str, str] = field(default_factory=lambda: LAYER_KEYS_MAP)
 
     def prepend(self, shape: tuple, offset: tuple) -> Tuple[tuple, tuple]:
         if self.index is None:
@@ -124,9 +131,9 @@ def _expert_renames(model: torch.nn.Module) -> Tuple[Dict[str, str], Dict[str, s
 
 def _stacks_layers(config) -> bool:
     """Whether a block's layers share one key per tensor (Megatron-Core's homogeneous layers): not when MoE
-    layers alternate with dense ones."""
-    frequency = getattr(config, "moe_layer_freq", 1)
-    return isinstance(frequency, int) and frequency <= 1
+    layers alternate with dense ones, nor linear attention with softmax attention."""
+    frequencies = (getattr(config, "moe_layer_freq", 1), getattr(config, "linear_attention_freq", None) or 1)
+    return all(isinstance(frequency, int) and frequency <= 1 for frequency in frequencies)
 
 
 def _layer_places(model: torch.nn.Module) -> Dict[str, _LayerPlace]:
@@ -144,10 +151,13 @@ def _layer_places(model: torch.nn.Module) -> Dict[str, _LayerPlace]:
             layer_number = getattr(layer, "layer_number", None)
             if layer_number is None:
                 continue
+            linear_attention = hasattr(getattr(layer, "self_attention", None), "in_proj")
+            renames = LINEAR_ATTENTION_LAYER_KEYS_MAP if linear_attention else LAYER_KEYS_MAP
             if stacked:
-                places[f"{block_prefix}{index}."] = _LayerPlace(block_prefix, layer_number - 1, config.num_layers)
+                places[f"{block_prefix}{index}."] = _LayerPlace(block_prefix, layer_number - 1, config.num_layers,
+                                                                renames)
             else:
-                places[f"{block_prefix}{index}."] = _LayerPlace(f"{block_prefix}{layer_number - 1}.", None, 1)
+                places[f"{block_prefix}{index}."] = _LayerPlace(f"{block_prefix}{layer_number - 1}.", None, 1, renames)
     return places
 
 
@@ -189,9 +199,10 @@ def state_dict_names(key: str, tensor: torch.Tensor) -> Dict[str, torch.Tensor]:
 
 
 def _original_layer_name(name: str) -> str:
-    for local, stored in LAYER_KEYS_MAP.items():
-        if name.startswith(stored):
-            return local + name[len(stored):]
+    for renames in (LAYER_KEYS_MAP, LINEAR_ATTENTION_LAYER_KEYS_MAP):
+        for local, stored in renames.items():
+            if name.startswith(stored):
+                return local + name[len(stored):]
     return name
 
 
@@ -208,7 +219,7 @@ class _Keys:
         local = self.expert_names.get(name) or _renamed_prefix(self.tied.get(name, name), self.expert_prefixes)
         for local_prefix, place in self.places.items():
             if local.startswith(local_prefix):
-                rest = _renamed_prefix(local[len(local_prefix):], LAYER_KEYS_MAP)
+                rest = _renamed_prefix(local[len(local_prefix):], place.renames)
                 return self.prefix + place.key_prefix + rest, place
         return self.prefix + local, None
 
@@ -287,6 +298,9 @@ def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch, 
     """Pieces of a tensor split along `partition_dim` into `partition_stride` blocks, each over the TP ranks:
     local piece k (of n_r / s rows) sits at k * (sum n / s) + (n_0 + ... + n_{r-1}) / s."""
     dim, stride = tensor.partition_dim, getattr(tensor, "partition_stride", 1)
+    sections = getattr(tensor, "partition_sections", None)
+    if sections:
+        return _sectioned_pieces(key, tensor, sections, len(rank_sizes), tp_rank, replica_id, mismatch, place)
     if any(size % stride for size in rank_sizes):
         raise ValueError(f"{key}: partition sizes {rank_sizes} are not multiples of the stride {stride}")
     if stride > 1 and dim != 0:
@@ -305,6 +319,25 @@ def _partitioned_pieces(key, tensor, rank_sizes, tp_rank, replica_id, mismatch, 
         data = _stacked(tensor.narrow(dim, k * local_block, local_block), place)
         pieces.append((ShardedTensor(key, data, shape, offset, replica_id, allow_shape_mismatch=mismatch),
                        k * local_block * row_numel))
+    return pieces
+
+
+def _sectioned_pieces(key, tensor, sections, tp_size, tp_rank, replica_id, mismatch, place) -> List[TensorPiece]:
+    """Pieces of a tensor whose `partition_dim` is unequal blocks of global sizes `sections`, each split evenly
+    over the TP ranks (module docstring)."""
+    dim = tensor.partition_dim
+    if dim != 0:
+        raise ValueError(f"{key}: partition sections along dim {dim} are not supported yet")
+    global_shape, row_numel = (sum(sections), *tensor.shape[1:]), math.prod(tensor.shape[1:])
+    pieces, local_start = [], 0
+    for start, size in zip(itertools.accumulate((0, *sections)), sections):
+        local = size // tp_size
+        offset = (start + tp_rank * local,) + (0,) * (tensor.dim() - 1)
+        shape, offset = _place(place).prepend(global_shape, offset)
+        data = _stacked(tensor.narrow(0, local_start, local), place)
+        pieces.append((ShardedTensor(key, data, shape, offset, replica_id, allow_shape_mismatch=mismatch),
+                       local_start * row_numel))
+        local_start += local
     return pieces
 
 

@@ -174,8 +174,8 @@ def get_megatron_optimizer(
 ) -> MegatronOptimizer:
     """The Megatron optimizer for the trainable params of `model_chunks` (one chunk per virtual stage).
 
-    Param groups: no weight decay for biases and 1-D params (or where `no_weight_decay_cond(name,
-    param)`), `lr * lr_mult` where `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for
+    Param groups: no weight decay for biases and 1-D params (but the q/k layernorms' with
+    `apply_wd_to_qk_layernorm`; or where `no_weight_decay_cond(name, param)`), `lr * lr_mult` where `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for
     params marked `is_embedding_or_output_parameter`. Expert-parallel params (`allreduce=False`) get
     their own optimizer, whose statistics are reduced over the expert groups.
     """
@@ -188,7 +188,8 @@ def get_megatron_optimizer(
         logger.info("setting up optimizer with %s", config)
 
     param_groups = get_param_groups(
-        model_chunks, no_weight_decay_cond, scale_lr_cond, lr_mult, config.decoupled_lr is not None
+        model_chunks, no_weight_decay_cond, scale_lr_cond, lr_mult, config.decoupled_lr is not None,
+        config.apply_wd_to_qk_layernorm,
     )
     if not param_groups:
         raise ValueError("get_megatron_optimizer: the model chunks have no trainable parameters")

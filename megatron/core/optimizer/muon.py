@@ -220,14 +220,17 @@ def is_muon_param(param: torch.nn.Parameter) -> bool:
 
 
 def mark_qkv_params(model_chunks: list) -> None:
-    """Gives each fused QKV weight its `qkv_split_shapes` [np/ng hn, hn, hn] (its rows per query group), where
-    its local rows are whole groups (Megatron-LM skips the split otherwise, e.g. fewer groups than TP ranks)."""
+    """Gives each fused QKV weight its `qkv_split_shapes` [np/ng hn, (np/ng hn gates,) hn, hn] (its rows per query
+    group), where its local rows are whole groups (Megatron-LM skips the split otherwise, e.g. fewer groups than
+    TP ranks)."""
     for chunk in model_chunks:
         config = getattr(chunk, "config", None)
         for name, param in chunk.named_parameters():
             if not (param.requires_grad and name.endswith("linear_qkv.weight") and param.ndim == 2):
                 continue
-            heads_per_group = config.num_attention_heads // config.num_query_groups
-            shapes = [heads_per_group * config.kv_channels, config.kv_channels, config.kv_channels]
+            queries = config.num_attention_heads // config.num_query_groups * config.kv_channels
+            # With the output gate each group holds its queries' gates after them (attention.py's layout).
+            gates = [queries] if getattr(config, "attention_output_gate", False) else []
+            shapes = [queries, *gates, config.kv_channels, config.kv_channels]
             if param.size(0) % sum(shapes) == 0:
                 param.qkv_split_shapes = shapes

@@ -42,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 # Attributes that describe how a parameter is laid out over ranks; its fp32 main copy needs them too, so
 # that norms and zero counts skip replicas (and Muon splits and gathers it as the model param).
-_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce",
-                      "qkv_split_shapes")
+_LAYOUT_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "partition_sections", "shared",
+                      "allreduce", "qkv_split_shapes")
 
 
 def copy_layout_attributes(main_param: torch.Tensor, model_param: torch.nn.Parameter) -> None:

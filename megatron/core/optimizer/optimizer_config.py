@@ -80,6 +80,10 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     """Weight-decay coefficient; biases and 1-D parameters (norm weights) get none."""
 
+    apply_wd_to_qk_layernorm: bool = False
+    """Give the per-head q/k layernorm params (`q_layernorm.`, `k_layernorm.`) weight decay, the exception
+    Qwen3-Next makes to "no weight decay on biases and 1-D params"."""
+
     # --- precision -----------------------------------------------------------------------------------
     fp16: bool = False
     """Train with fp16 parameters, fp32 main parameters and dynamic (or `loss_scale`) loss scaling."""

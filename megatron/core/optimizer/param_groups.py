@@ -4,7 +4,8 @@ Every param lands in the group of its key
 
     (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)
 
-  wd_mult 0.0      biases (name ends in `.bias`) and 1-D params (norm weights), unless
+  wd_mult 0.0      biases (name ends in `.bias`) and 1-D params (norm weights), except the q/k layernorms'
+                   (`q_layernorm.`, `k_layernorm.`) with `apply_wd_to_qk_layernorm`, unless
                    `no_weight_decay_cond(name, param)` decides otherwise
   lr_mult          `lr_mult` where `scale_lr_cond(name, param)` holds (fine-tuning heads), else 1.0
   is_expert_par.   `param.allreduce is False` (MoE experts: reduced over the expert data-parallel group)
@@ -32,6 +33,7 @@ def get_param_groups(
     scale_lr_cond: Optional[Callable] = None,
     lr_mult: float = 1.0,
     use_decoupled_learning_rate: bool = False,
+    apply_wd_to_qk_layernorm: bool = False,
 ) -> List[Dict]:
     """Groups the trainable params of `model_chunks` by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)."""
     params_by_key: Dict[Tuple, List[torch.nn.Parameter]] = {}
@@ -42,7 +44,9 @@ def get_param_groups(
             if no_weight_decay_cond is not None:
                 no_weight_decay = no_weight_decay_cond(name, param)
             else:
-                no_weight_decay = name.endswith(".bias") or len(param.shape) == 1
+                no_weight_decay = (name.endswith(".bias") or len(param.shape) == 1) and not (
+                    apply_wd_to_qk_layernorm and ("q_layernorm." in name or "k_layernorm." in name)
+                )
             scale_lr = scale_lr_cond is not None and scale_lr_cond(name, param)
             key = (
                 0.0 if no_weight_decay else 1.0,

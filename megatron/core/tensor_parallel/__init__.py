@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.tensor_parallel.partition import VocabUtility, divide, split_tensor_along_last_dim
 from megatron.core.tensor_parallel.random import (
+    CheckpointWithoutOutput,
     CudaRNGStatesTracker,
     checkpoint,
     get_cuda_rng_tracker,
@@ -32,6 +33,7 @@ from megatron.core.tensor_parallel.random import (
 )
 
 __all__ = [
+    "CheckpointWithoutOutput",
     "ColumnParallelLinear",
     "CudaRNGStatesTracker",
     "RowParallelLinear",

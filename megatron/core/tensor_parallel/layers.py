@@ -36,14 +36,33 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.tensor_parallel.partition import partition_range, partition_size
 from megatron.core.tensor_parallel.random import model_parallel_rng_region
 
-_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {"tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1}
+_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {
+    "tensor_model_parallel": False, "partition_dim": -1, "partition_stride": 1, "partition_sections": None
+}
 
 
-def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int) -> None:
-    """Marks a parameter as split over TP along `dim` (read by grad-norm, checkpoint and converter code)."""
+def set_tensor_model_parallel_attributes(
+    tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int | tuple[int, ...]
+) -> None:
+    """Marks a parameter as split over TP along `dim` (read by grad-norm, checkpoint and converter code).
+
+    `stride`: the number of equal blocks of `dim` that are split over TP each (2 for SwiGLU's fused [gate; up]),
+    or the global sizes of unequal blocks (Gated DeltaNet's fused [q; k; v; z; beta; alpha]), which become
+    `partition_sections` (`partition_stride` is then their count): rank r holds r's part of every block."""
+    sections = tuple(stride) if isinstance(stride, (tuple, list)) else None
     tensor.tensor_model_parallel = is_parallel
     tensor.partition_dim = dim
-    tensor.partition_stride = stride
+    tensor.partition_stride = len(sections) if sections else stride
+    tensor.partition_sections = sections
+
+
+def partition_blocks(size: int, stride: int | tuple[int, ...]) -> list[int]:
+    """The global sizes of the blocks of a dimension of `size` that are split over TP separately."""
+    if isinstance(stride, (tuple, list)):
+        if sum(stride) != size:
+            raise ValueError(f"partition sections {tuple(stride)} do not add up to the dimension's {size}")
+        return list(stride)
+    return [size // stride] * stride
 
 
 def set_defaults_if_not_set_tensor_model_parallel_attributes(tensor: torch.Tensor) -> None:
@@ -88,11 +107,11 @@ def _check_last_rank_not_empty(size: int, world_size: int, what: str) -> None:
         raise ValueError(f"{what} of {size} is too small to split over {world_size} tensor-parallel ranks")
 
 
-def _initialize_affine_weight(weight, full_shape, partition_dim, init_method, stride, config, rank, world_size):
+def initialize_affine_weight(weight, full_shape, partition_dim, init_method, stride, config, rank, world_size):
     """Initialises this rank's shard `weight` of a [full_shape] master weight split along `partition_dim`.
 
     `stride` > 1 splits each of `stride` equal blocks separately, so a fused [gate; up] fc1 gives every
-    rank [gate_r; up_r].
+    rank [gate_r; up_r]; a tuple of block sizes does the same with unequal blocks.
     """
     set_tensor_model_parallel_attributes(weight, world_size > 1, partition_dim, stride)
     if not config.perform_initialization:
@@ -105,7 +124,7 @@ def _initialize_affine_weight(weight, full_shape, partition_dim, init_method, st
     init_method(master)
     master = master.to(config.params_dtype)
     pieces = []
-    for block in master.chunk(stride, dim=partition_dim):
+    for block in master.split(partition_blocks(full_shape[partition_dim], stride), dim=partition_dim):
         start, end = partition_range(block.size(partition_dim), rank, world_size)
         pieces.append(block.narrow(partition_dim, start, end - start))
     with torch.no_grad():
@@ -159,6 +178,8 @@ class ColumnParallelLinear(torch.nn.Module):
     [s, b, out/p], or [s, b, out] with `gather_output`. `output_size` need not divide by p (the
     vocabulary of an output layer), see `partition.py`. `tp_comm_buffer_name` only names a Transformer
     Engine comm-overlap buffer in Megatron-LM; it is accepted so that Megatron specs build unchanged.
+    `stride` is Megatron's (equal blocks of the output split over TP each) or, here, the sizes of unequal
+    blocks (each a multiple of p) for a fused projection (`set_tensor_model_parallel_attributes`).
     """
 
     def __init__(
@@ -170,7 +191,7 @@ class ColumnParallelLinear(torch.nn.Module):
         init_method,
         bias: bool = True,
         gather_output: bool = False,
-        stride: int = 1,
+        stride: int | tuple[int, ...] = 1,
         skip_bias_add: bool = False,
         skip_weight_param_allocation: bool = False,
         embedding_activation_buffer=None,
@@ -195,13 +216,17 @@ class ColumnParallelLinear(torch.nn.Module):
         rank, world_size = _tp_rank_and_size(tp_group)
         self.tp_rank, self.tp_world_size = rank, world_size
         _check_last_rank_not_empty(output_size, world_size, "ColumnParallelLinear output_size")
+        uneven = [size for size in partition_blocks(output_size, stride) if size % world_size]
+        if isinstance(stride, (tuple, list)) and uneven:
+            raise ValueError(f"ColumnParallelLinear output blocks {tuple(stride)}: {uneven} do not split evenly over "
+                             f"{world_size} tensor-parallel ranks")
         self.output_size_per_partition = partition_size(output_size, rank, world_size)
 
         if skip_weight_param_allocation:
             self.weight = None
         else:
             self.weight = _empty_weight(self.output_size_per_partition, input_size, config)
-            _initialize_affine_weight(
+            initialize_affine_weight(
                 self.weight, (output_size, input_size), 0, init_method, stride, config, rank, world_size
             )
         if bias:
@@ -284,7 +309,7 @@ class RowParallelLinear(torch.nn.Module):
         _check_last_rank_not_empty(input_size, world_size, "RowParallelLinear input_size")
         self.input_size_per_partition = partition_size(input_size, rank, world_size)
         self.weight = _empty_weight(output_size, self.input_size_per_partition, config)
-        _initialize_affine_weight(
+        initialize_affine_weight(
             self.weight, (output_size, input_size), 1, init_method, stride, config, rank, world_size
         )
         if bias:
@@ -347,7 +372,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.vocab_start_index, self.vocab_end_index = partition_range(num_embeddings, rank, world_size)
         self.num_embeddings_per_partition = self.vocab_end_index - self.vocab_start_index
         self.weight = _empty_weight(self.num_embeddings_per_partition, embedding_dim, config)
-        _initialize_affine_weight(
+        initialize_affine_weight(
             self.weight, (num_embeddings, embedding_dim), 0, init_method, 1, config, rank, world_size
         )
         self.deterministic_mode = config.deterministic_mode

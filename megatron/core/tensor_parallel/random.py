@@ -187,3 +187,84 @@ def checkpoint(function, distribute_saved_activations: bool, *args):
     return torch.utils.checkpoint.checkpoint(
         function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn
     )
+
+
+class CheckpointWithoutOutput:
+    """Runs a function whose outputs the next operation saves for its own backward, and lets the outputs'
+    memory go (Megatron-Core's output-discarding recompute: selective recompute of "layernorm", "moe_act",
+    "mla_up_proj"):
+
+        ckpt = CheckpointWithoutOutput()
+        y = ckpt.checkpoint(norm, x)            # y computed without an autograd graph; x kept
+        z = linear(y)                           # the consumer saves y
+        ckpt.discard_output_and_register_recompute(z)   # y's storage freed
+
+    When backward reaches `z` (its gradient is computed, before the consumer's backward needs y), the function
+    runs again from the kept inputs, with the forward's RNG states, and its outputs are written into y's
+    (re-allocated) storage, which every tensor that saved y shares; the gradient then flows through the
+    recomputed graph to the inputs. Outputs that share storage with an input, or that are not plain
+    contiguous tensors, are kept instead of discarded (there is nothing to save, or no storage to refill).
+    """
+
+    def __init__(self):
+        self.function, self.outputs, self.ctx, self.rng_states = None, None, None, None
+
+    def checkpoint(self, function, *args):
+        """`function(*args)` (one tensor or a tuple of tensors), to be discarded later."""
+        self.function = function
+        self.rng_states = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized()
+                           else None, get_cuda_rng_tracker().get_states())
+        outputs = _OutputDiscardingFunction.apply(self, *args)
+        self.outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return outputs
+
+    def discard_output_and_register_recompute(self, hook_tensor: torch.Tensor) -> None:
+        """Frees the outputs' storage; they are recomputed when backward computes `hook_tensor`'s gradient."""
+        inputs = {tensor.untyped_storage().data_ptr() for tensor in self.ctx.saved_tensors}
+        for output in self.outputs:
+            if (output.is_contiguous() and output.storage_offset() == 0
+                    and output.untyped_storage().data_ptr() not in inputs):
+                output.untyped_storage().resize_(0)
+        if hook_tensor.requires_grad:
+            hook_tensor.register_hook(self._recompute)
+
+    def _recompute(self, _grad) -> None:
+        if self.ctx is None:  # already recomputed
+            return
+        cpu_state, cuda_states, tracker_states = self.rng_states
+        inputs = [tensor.detach().requires_grad_(tensor.requires_grad) for tensor in self.ctx.saved_tensors]
+        devices = list(range(len(cuda_states))) if cuda_states is not None else []
+        with torch.random.fork_rng(devices=devices), _tracker_states(tracker_states), torch.enable_grad():
+            torch.set_rng_state(cpu_state)
+            if cuda_states is not None:
+                torch.cuda.set_rng_state_all(cuda_states)
+            recomputed = self.function(*inputs)
+        recomputed = recomputed if isinstance(recomputed, tuple) else (recomputed,)
+        for output, new in zip(self.outputs, recomputed):
+            storage = output.untyped_storage()
+            if storage.nbytes() == 0:  # discarded: refill in place (no version bump for the tensors saving it)
+                storage.resize_(new.untyped_storage().nbytes())
+                storage.copy_(new.contiguous().untyped_storage())
+        self.ctx.recomputed = (inputs, recomputed)
+        self.function, self.outputs, self.ctx, self.rng_states = None, None, None, None
+
+
+class _OutputDiscardingFunction(torch.autograd.Function):
+    """The forward of `CheckpointWithoutOutput`: outputs without a graph, inputs saved; backward through the
+    graph its recompute hook built."""
+
+    @staticmethod
+    def forward(ctx, checkpoint, *args):
+        with torch.no_grad():
+            outputs = checkpoint.function(*args)
+        ctx.save_for_backward(*args)
+        checkpoint.ctx = ctx
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs, outputs = ctx.recomputed
+        pairs = [(output, grad) for output, grad in zip(outputs, grads) if grad is not None and output.requires_grad]
+        torch.autograd.backward([output for output, _ in pairs], [grad for _, grad in pairs])
+        ctx.recomputed = None
+        return (None, *(tensor.grad if tensor.requires_grad else None for tensor in inputs))

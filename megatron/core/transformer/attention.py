@@ -6,6 +6,11 @@ value head, hn rows each. Viewed as [ng, np/ng + 2, hn, h]; for plain multi-head
 that is [np, 3, hn, h] = q0 k0 v0 q1 k1 v1 ... The column-parallel split of dim 0 therefore gives
 each TP rank ng/p whole groups.
 
+With `attention_output_gate` (Qwen3-Next) each group also holds a gate per query head, after its queries:
+[ng, 2 np/ng + 2, hn, h] = the group's queries, their gates, its key, its value; the attention output of
+query head i, channel c is multiplied by sigmoid(gate) of the same head and channel (in fp32) before
+linear_proj.
+
 With fewer groups than TP ranks (ng < p, p a multiple of ng) a rank's rows are a 1/(p/ng) slice of one
 group, not whole heads. As in Megatron-Core, the ranks then all-gather the QKV output, keep group
 g = rank // (p/ng) and, of its np/ng query heads, the np/p with index rank % (p/ng); the key/value head is
@@ -65,10 +70,11 @@ class SelfAttention(MegatronModule):
         # Registered after core_attention and linear_proj, as in Megatron-Core (whose Attention base class
         # builds those two): the parameter and state-dict order, by which a torch-format optimizer state is
         # indexed. Built first, so the initial weights are drawn in the same order as before.
+        self.output_gate = config.attention_output_gate
         linear_qkv = build_module(
             submodules.linear_qkv,
             config.hidden_size,
-            self.query_projection_size + 2 * self.kv_projection_size,
+            self.query_projection_size * (2 if self.output_gate else 1) + 2 * self.kv_projection_size,
             config=config,
             init_method=config.init_method,
             gather_output=False,
@@ -102,27 +108,28 @@ class SelfAttention(MegatronModule):
             spec, hidden_size=self.hidden_size_per_attention_head, config=self.config, eps=self.config.layernorm_epsilon
         )
 
-    def get_query_key_value_tensors(self, hidden_states: torch.Tensor):
-        """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, max(ng/p, 1), hn]."""
-        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, (np + 2 ng) * hn / p]
+    def get_query_key_value_tensors(self, hidden_states: torch.Tensor, output_gate: bool = False):
+        """[s, b, h] -> query [s, b, np/p, hn], key and value [s, b, max(ng/p, 1), hn]; with `output_gate`
+        also the gate [s, b, np/p, hn] (module docstring)."""
+        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [s, b, (np [+ np] + 2 ng) * hn / p]
         if self.ranks_per_query_group > 1:
-            mixed_qkv = self._own_query_group(mixed_qkv)  # [s, b, (np/ng + 2) * hn]
+            mixed_qkv = self._own_query_group(mixed_qkv)  # [s, b, (np/ng [+ np/ng] + 2) * hn]
         heads_per_group = self.config.num_attention_heads // self.config.num_query_groups
         hn = self.hidden_size_per_attention_head
         s, b = mixed_qkv.shape[:2]
-        mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * hn)
-        query, key, value = torch.split(mixed_qkv, [heads_per_group * hn, hn, hn], dim=3)
-        query = query.reshape(s, b, self.num_query_groups_per_partition * heads_per_group, hn)
-        if self.ranks_per_query_group > 1:  # this rank's np/p of its group's np/ng query heads
-            first = parallel_state.get_tensor_model_parallel_rank() % self.ranks_per_query_group
-            local_heads = self.num_attention_heads_per_partition
-            query = query[:, :, first * local_heads : (first + 1) * local_heads]
+        query_rows = heads_per_group * hn * (2 if output_gate else 1)
+        mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, query_rows + 2 * hn)
+        query, key, value = torch.split(mixed_qkv, [query_rows, hn, hn], dim=3)
+        query, gate = query.split(heads_per_group * hn, dim=3) if output_gate else (query, None)
+        query = self._own_query_heads(query)
         if self.q_layernorm is not None:
             query = self.q_layernorm(query)
         if self.k_layernorm is not None:
             key = self.k_layernorm(key)
         if self.config.test_mode:
             self.run_realtime_tests()
+        if output_gate:
+            return query, key, value, self._own_query_heads(gate)
         return query, key, value
 
     @torch.no_grad()
@@ -157,6 +164,16 @@ class SelfAttention(MegatronModule):
                             "a replica was corrupted (memory, network or checkpoint loading)"
                         )
 
+    def _own_query_heads(self, per_group: torch.Tensor) -> torch.Tensor:
+        """[s, b, groups, np/ng * hn] -> [s, b, np/p, hn]: with ng < p, this rank's np/p of its group's heads."""
+        s, b = per_group.shape[:2]
+        heads = per_group.reshape(s, b, -1, self.hidden_size_per_attention_head)
+        if self.ranks_per_query_group > 1:
+            first = parallel_state.get_tensor_model_parallel_rank() % self.ranks_per_query_group
+            local_heads = self.num_attention_heads_per_partition
+            heads = heads[:, :, first * local_heads : (first + 1) * local_heads]
+        return heads
+
     def _own_query_group(self, mixed_qkv: torch.Tensor) -> torch.Tensor:
         """[s, b, (np + 2 ng) * hn / p] -> [s, b, (np/ng + 2) * hn]: all of group rank // (p/ng) (ng < p)."""
         full = tensor_parallel.all_gather_last_dim_from_tensor_parallel_region(mixed_qkv)
@@ -175,7 +192,7 @@ class SelfAttention(MegatronModule):
     ):
         """With an `inference_context` (KV cache) the new keys/values join the cached ones and the queries
         attend over all of them; `rotary_pos_emb` must then hold the angles of the new positions."""
-        query, key, value = self.get_query_key_value_tensors(hidden_states)
+        query, key, value, *gate = self.get_query_key_value_tensors(hidden_states, output_gate=self.output_gate)
         if rotary_pos_emb is not None:
             q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             rotate = fused_apply_rotary_pos_emb if self.config.apply_rope_fusion else apply_rotary_pos_emb
@@ -184,6 +201,8 @@ class SelfAttention(MegatronModule):
         context = cached_core_attention(
             self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context
         )
+        if gate:
+            context = (context * torch.sigmoid(gate[0].reshape(context.shape).float())).to(context.dtype)
         return self.linear_proj(context)
 
 

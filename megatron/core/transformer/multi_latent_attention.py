@@ -24,12 +24,16 @@ heads only, is summed over the ranks; with sequence parallelism each rank compre
 up projections gather the latents, k_rope is all-gathered) and the replicated weights' gradients are summed
 over the ranks by finalize_model_grads (`sequence_parallel` on the params).
 
+Selective recompute of "mla_up_proj" keeps neither query, key nor value past core attention: the up
+projections and RoPE run again from the latents when backward reaches core attention's output.
+
 Core attention gets the values zero-padded to the query width d_nope + d_rope (the padding is cut from its
 output): the fused flash kernels (CUDA's, the CPU's) and the context-parallel ones take one head width for
 queries, keys and values, and the padding costs less than SDPA's unfused fallback, which keeps the s x s
 probabilities. Context parallelism then needs no change: the angles are those of this CP rank's chunks.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +49,7 @@ from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
 )
+from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
 from megatron.core.transformer.attention import cached_core_attention
 from megatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
 from megatron.core.transformer.enums import AttnMaskType
@@ -170,6 +175,9 @@ class MLASelfAttention(MegatronModule):
         self.checkpoint_core_attention = (
             config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
         )
+        self.recompute_up_projections = (
+            config.recompute_granularity == "selective" and "mla_up_proj" in config.recompute_modules
+        )
 
     def _rotary_angles(self, num_positions: int, inference_context):
         """(angles [s, 1, 1, d_rope], concentration) of this rank's s query positions: with context
@@ -193,15 +201,37 @@ class MLASelfAttention(MegatronModule):
 
     def get_query_key_value_tensors(self, hidden_states: torch.Tensor, inference_context=None):
         """[s, b, h] -> query and key [s, b, n/p, d_nope + d_rope], value [s, b, n/p, d_v]."""
+        query, key, value, _ = self._query_key_value(hidden_states, inference_context, recompute=False)
+        return query, key, value
+
+    def _query_key_value(self, hidden_states: torch.Tensor, inference_context, recompute: bool):
+        """(query, key, value, None) or, with `recompute`, their up projections and RoPE run by a
+        CheckpointWithoutOutput, returned last, that is to discard them once core attention has used them
+        (selective recompute of "mla_up_proj")."""
         config = self.config
         if config.q_lora_rank is None:
-            q, _ = self.linear_q_proj(hidden_states)
+            q_latent = hidden_states
         else:
             q_compressed, _ = self.linear_q_down_proj(hidden_states)
-            q, _ = self.linear_q_up_proj(self.q_layernorm(q_compressed))
+            q_latent = self.q_layernorm(q_compressed)
         kv_combined, _ = self.linear_kv_down_proj(hidden_states)
         kv_compressed, k_rope = torch.split(kv_combined, [config.kv_lora_rank, config.qk_pos_emb_head_dim], dim=-1)
-        kv, _ = self.linear_kv_up_proj(self.kv_layernorm(kv_compressed))
+        k_rope = self._shared_key_rope(k_rope)  # [s, b, d_rope]
+        up_projections = functools.partial(self._up_projections_and_rope, inference_context=inference_context)
+        if not recompute:
+            return (*up_projections(q_latent, self.kv_layernorm(kv_compressed), k_rope), None)
+        checkpoint = CheckpointWithoutOutput()
+        contiguous = lambda *latents: tuple(tensor.contiguous() for tensor in up_projections(*latents))  # noqa: E731
+        return (*checkpoint.checkpoint(contiguous, q_latent, self.kv_layernorm(kv_compressed), k_rope), checkpoint)
+
+    def _up_projections_and_rope(self, q_latent, kv_latent, k_rope, inference_context):
+        """The latents (or x without q compression) and the shared k_rope [s, b, d_rope] -> query, key, value."""
+        config = self.config
+        if config.q_lora_rank is None:
+            q, _ = self.linear_q_proj(q_latent)
+        else:
+            q, _ = self.linear_q_up_proj(q_latent)
+        kv, _ = self.linear_kv_up_proj(kv_latent)
         s, b = q.shape[:2]
         heads = self.num_attention_heads_per_partition
         q_nope, q_rope = q.view(s, b, heads, self.q_head_dim).split(
@@ -210,11 +240,10 @@ class MLASelfAttention(MegatronModule):
         k_nope, value = kv.view(s, b, heads, config.qk_head_dim + config.v_head_dim).split(
             [config.qk_head_dim, config.v_head_dim], dim=-1
         )
-        k_rope = self._shared_key_rope(k_rope).unsqueeze(2)  # [s, b, 1, d_rope]
         angles, mscale = self._rotary_angles(s, inference_context)
         rotate = dict(mscale=mscale, mla_rotary_interleaved=True, rotary_interleaved=False)
         q_rope = apply_rotary_pos_emb(q_rope, angles, **rotate)
-        k_rope = apply_rotary_pos_emb(k_rope, angles, **rotate)
+        k_rope = apply_rotary_pos_emb(k_rope.unsqueeze(2), angles, **rotate)
         query = torch.cat([q_nope, q_rope], dim=-1)
         key = torch.cat([k_nope, k_rope.expand(-1, -1, heads, -1)], dim=-1)
         return query, key, value
@@ -231,12 +260,16 @@ class MLASelfAttention(MegatronModule):
         if rotary_pos_emb is not None:
             raise ValueError("MLASelfAttention computes its own rotary embedding: pass rotary_pos_emb=None (GPTModel "
                              "does so for multi-latent attention)")
-        query, key, value = self.get_query_key_value_tensors(hidden_states, inference_context)
+        recompute = self.recompute_up_projections and self.training and torch.is_grad_enabled() and (
+            inference_context is None)
+        query, key, value, checkpoint = self._query_key_value(hidden_states, inference_context, recompute)
         pad = self.config.v_head_dim != self.q_head_dim
         context = cached_core_attention(
             self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
             value_width=self.q_head_dim if pad else None,
         )
+        if checkpoint is not None:
+            checkpoint.discard_output_and_register_recompute(context)
         if pad:  # [s, b, n/p * (d_nope + d_rope)] -> [s, b, n/p * d_v]
             s, b = context.shape[:2]
             context = context.view(s, b, -1, self.q_head_dim)[..., : self.config.v_head_dim].reshape(s, b, -1)

@@ -14,13 +14,19 @@ Counts per pipeline rank (then split evenly over its VPP chunks):
     embedding/loss counted as layers: (L + e + l) / PP, then chunk (0, 0) builds one layer fewer when
                e = 1 and chunk (VPP-1, PP-1) one fewer when l = 1 (--account-for-*-in-pipeline-split)
 
+    layout:    the `t`s of each stage of `pipeline_model_parallel_layout` (pipeline_parallel_layer_layout.py),
+               which also fixes VPP
+
 Example, L = 8, PP = 2, VPP = 2: rank 0 builds layers [0, 1] and [4, 5], rank 1 builds [2, 3] and [6, 7].
+A chunk may hold no layer (as in Megatron-Core): 6 layers with the embedding and loss counted over PP = 4,
+VPP = 2 put one layer on every chunk but (0, 0), which holds only the embedding, and (1, 3), only the loss.
 Stages keep local layer numbers in their state dict (`decoder.layers.0 ..`); global index = offset +
 local index. `config` is any object with the TransformerConfig field names (no import, so that the
 config itself can call `pipeline_layer_split_problems`).
 """
 
 from megatron.core import parallel_state
+from megatron.core.transformer.pipeline_parallel_layer_layout import as_layout
 
 
 def _rank_layer_counts(config) -> list[int]:
@@ -71,6 +77,9 @@ def pipeline_layer_counts(config) -> list[list[int]]:
     Raises ValueError, naming the numbers, when the layers do not split over the stages.
     """
     pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size or 1
+    layout = as_layout(getattr(config, "pipeline_model_parallel_layout", None), pp)
+    if layout is not None:
+        return _layout_counts(config, layout, vpp)
     per_rank = _rank_layer_counts(config)
     for rank, count in enumerate(per_rank):
         if count % vpp:
@@ -83,13 +92,22 @@ def pipeline_layer_counts(config) -> list[list[int]]:
         counts[0][0] -= 1
     if config.account_for_loss_in_pipeline_split:
         counts[-1][-1] -= 1
-    empty = [(v, p) for v in range(vpp) for p in range(pp) if counts[v][p] < 1]
-    if empty:
-        raise ValueError(
-            f"pipeline stage(s) (virtual stage, rank) {empty} would hold no transformer layer; stages without "
-            "layers are not supported yet: use fewer pipeline stages or move layers to them"
-        )
-    return counts
+    return counts  # each chunk had at least one (counted) layer, so none goes below 0
+
+
+def _layout_counts(config, layout, vpp: int) -> list[list[int]]:
+    """The layout's counts, once its rules hold for the config's layers and MTP depths."""
+    problems = layout.problems(config.num_layers, getattr(config, "mtp_num_layers", None))
+    if layout.virtual_pipeline_model_parallel_size != vpp:
+        problems.append(f"pipeline layout {layout} has {layout.virtual_pipeline_model_parallel_size} virtual stage(s) "
+                        f"per rank, but virtual_pipeline_model_parallel_size is {vpp}")
+    if (config.num_layers_in_first_pipeline_stage is not None or config.num_layers_in_last_pipeline_stage is not None
+            or config.account_for_embedding_in_pipeline_split or config.account_for_loss_in_pipeline_split):
+        problems.append("a pipeline layout cannot be combined with num_layers_in_first/last_pipeline_stage or "
+                        "account_for_embedding/loss_in_pipeline_split (the layout places every layer)")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return layout.decoder_counts()
 
 
 def pipeline_layer_split_problems(config) -> list[str]:

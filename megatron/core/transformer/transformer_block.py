@@ -46,7 +46,8 @@ def block_submodules(config: TransformerConfig, spec, vp_stage: int | None) -> T
 class TransformerBlock(MegatronModule):
     """[s, b, h] -> [s, b, h] through this stage's layers (`layers.0 ...`) and `final_layernorm`.
 
-    On stages after the first (`pre_process=False`) the input comes from `set_input_tensor`.
+    On stages after the first (`pre_process=False`) the input comes from `set_input_tensor`. A stage may
+    hold no layer (its output is then its input, or the final norm of it on the last stage).
     """
 
     def __init__(
@@ -130,4 +131,8 @@ class TransformerBlock(MegatronModule):
             hidden_states = run(hidden_states, attention_mask, rotary_pos_emb, context, context_mask)
         if self.final_layernorm is not None:
             hidden_states = self.final_layernorm(hidden_states)
+        elif not self.pre_process and not self.layers:
+            # A stage without layers (a pipeline layout may have one) must still hand on a new tensor: the
+            # schedule frees its output's data and back-propagates from it to the received input.
+            hidden_states = hidden_states.clone()
         return hidden_states

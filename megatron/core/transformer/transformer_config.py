@@ -11,6 +11,7 @@ fused bias-GELU uses the tanh approximation, and so do we; that is Hugging Face 
 `activation_func=megatron.core.activations.squared_relu`.
 """
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Union
 
@@ -18,15 +19,19 @@ import torch.nn.functional as F
 
 from megatron.core.fp8.recipe import fp8_config_problems
 from megatron.core.model_parallel_config import ModelParallelConfig, raise_config_problems
-from megatron.core.transformer.config_rules import recompute_layer_problems, tensor_parallel_split_problems
+from megatron.core.transformer.config_rules import (
+    linear_attention_problems,
+    recompute_layer_problems,
+    recompute_module_problems,
+    tensor_parallel_split_problems,
+)
 from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
 from megatron.core.transformer.moe.moe_config_checks import moe_config_problems
 from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_problems
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout, as_layout
 
-RECOMPUTE_MODULES_SUPPORTED = ("core_attn", "mlp")
-RECOMPUTE_MODULES_NOT_YET = ("moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts")
 
 
 @dataclass
@@ -48,6 +53,11 @@ class TransformerConfig(ModelParallelConfig):
 
     account_for_loss_in_pipeline_split: bool = False
     """Count the output layer and loss as one layer of the last stage when splitting layers over stages."""
+
+    pipeline_model_parallel_layout: Optional[Union[str, list, PipelineParallelLayerLayout]] = None
+    """Explicit placement of the layers on the (virtual) pipeline stages, e.g. "Et*3|(tt|)*6tmL"
+    (pipeline_parallel_layer_layout.py); parsed in `__post_init__`, where it also sets
+    `virtual_pipeline_model_parallel_size`."""
 
     hidden_size: int = 0
     """Width h of the residual stream."""
@@ -171,7 +181,8 @@ class TransformerConfig(ModelParallelConfig):
     """Split the saved layer inputs over the TP ranks during full recompute."""
 
     recompute_modules: Optional[list] = None
-    """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp."""
+    """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp (recomputed with
+    their activations), layernorm, moe_act, mla_up_proj (outputs dropped after use and recomputed)."""
 
     # --- mixture of experts (megatron/core/transformer/moe) ------------------------------------------------
     num_moe_experts: Optional[int] = None
@@ -242,6 +253,9 @@ class TransformerConfig(ModelParallelConfig):
     moe_permute_fusion: bool = False
     """Accepted for compatibility: the token permutation is the same function either way."""
 
+    moe_shared_expert_gate: bool = False
+    """Multiply the shared experts' output by sigmoid(x . w) per token, w [1, h] (`shared_experts.gate_weight`)."""
+
     # --- FP8 training (megatron/core/fp8): the transformer layers' linears through torch._scaled_mm --------
     fp8: Optional[str] = None
     """FP8 GEMMs: "e4m3" (every operand E4M3) or "hybrid" (E4M3 forward, E5M2 output gradients); None: off."""
@@ -287,6 +301,34 @@ class TransformerConfig(ModelParallelConfig):
     mtp_loss_scaling_factor: float = 0.1
     """Weight of the mean of the D multi-token-prediction losses added to the language-model loss."""
 
+    # --- linear attention (Gated DeltaNet, megatron/core/ssm) and the attention output gate -----------------
+    experimental_attention_variant: Optional[str] = None
+    """"gdn" (or Megatron-Core's older name "gated_delta_net", turned into "gdn"): Gated DeltaNet linear
+    attention on the layers `linear_attention_freq` picks; "gdn2" and "dsa" are not supported yet."""
+
+    linear_attention_freq: Optional[Union[int, List[int]]] = None
+    """N: every N-th layer (N, 2N, ... counting from 1) keeps softmax attention, the others are linear; or one
+    entry per layer, 1 = linear attention, 0 = softmax attention."""
+
+    linear_conv_kernel_dim: int = 4
+    """Width of Gated DeltaNet's causal convolution over q, k, v."""
+
+    linear_key_head_dim: int = 128
+    """Gated DeltaNet query/key head width."""
+
+    linear_value_head_dim: int = 128
+    """Gated DeltaNet value (and output gate) head width."""
+
+    linear_num_key_heads: int = 16
+    """Gated DeltaNet query/key heads."""
+
+    linear_num_value_heads: int = 32
+    """Gated DeltaNet value heads (a multiple of the key heads)."""
+
+    attention_output_gate: bool = False
+    """Softmax attention's output is multiplied by sigmoid(gate) per channel, the gate a second query-sized
+    projection of the layer input (Qwen3-Next); linear_qkv then holds per group [q, gate, k, v]."""
+
     # --- features that exist in Megatron-Core but not here yet (error when set) ----------------------------
 
     window_size: Optional[tuple] = None
@@ -297,6 +339,7 @@ class TransformerConfig(ModelParallelConfig):
     """Keep the residual stream in fp32."""
 
     def __post_init__(self):
+        self._parse_layout()
         problems = self.parallelism_problems()
         size_problems = self._size_problems()
         problems += size_problems
@@ -304,6 +347,7 @@ class TransformerConfig(ModelParallelConfig):
             problems += fp8_config_problems(self)
         problems += self._recompute_problems()
         problems += self._feature_problems()
+        problems += self._attention_variant_problems()
         problems += moe_config_problems(self)
         raise_config_problems("TransformerConfig", problems)
         if self.apply_query_key_layer_scaling:
@@ -312,6 +356,18 @@ class TransformerConfig(ModelParallelConfig):
             self.init_method = init_method_normal(self.init_method_std)
         if self.output_layer_init_method is None:
             self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
+
+    def _parse_layout(self) -> None:
+        """Parses `pipeline_model_parallel_layout`; an unset VPP takes the layout's. A layout that does not
+        parse stays as given: the layer split check reports why."""
+        try:
+            layout = as_layout(self.pipeline_model_parallel_layout, self.pipeline_model_parallel_size)
+        except (ValueError, ZeroDivisionError):
+            return
+        self.pipeline_model_parallel_layout = layout
+        if layout is not None and self.virtual_pipeline_model_parallel_size is None:
+            vpp = layout.virtual_pipeline_model_parallel_size
+            self.virtual_pipeline_model_parallel_size = vpp if vpp > 1 else None
 
     def _size_problems(self) -> list[str]:
         problems = []
@@ -370,17 +426,21 @@ class TransformerConfig(ModelParallelConfig):
         problems += recompute_layer_problems(
             granularity, method, num, self.num_layers, self.pipeline_model_parallel_size
         )
-        if granularity == "selective":
-            for module in self.recompute_modules:
-                if module in RECOMPUTE_MODULES_NOT_YET:
-                    problems.append(f"recompute_modules entry {module!r} is not supported yet")
-                elif module not in RECOMPUTE_MODULES_SUPPORTED:
-                    problems.append(
-                        f"unknown recompute_modules entry {module!r}; valid: "
-                        f"{', '.join(RECOMPUTE_MODULES_SUPPORTED + RECOMPUTE_MODULES_NOT_YET)}"
-                    )
+        problems += recompute_module_problems(granularity, self.recompute_modules, self)
         if self.distribute_saved_activations:
             problems.append("distribute_saved_activations=True is not supported yet")
+        return problems
+
+    def _attention_variant_problems(self) -> list[str]:
+        if self.experimental_attention_variant == "gated_delta_net":
+            warnings.warn("experimental_attention_variant 'gated_delta_net' is Megatron-Core's deprecated name of "
+                          "'gdn'", DeprecationWarning, stacklevel=3)
+            self.experimental_attention_variant = "gdn"
+        problems = linear_attention_problems(self)
+        if self.attention_output_gate and self.multi_latent_attention:
+            problems.append("attention_output_gate with multi_latent_attention is not supported yet")
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            problems.append("moe_shared_expert_gate needs shared experts (moe_shared_expert_intermediate_size)")
         return problems
 
     def _feature_problems(self) -> list[str]:

@@ -7,6 +7,10 @@
 (with `apply_residual_connection_post_layernorm` the residual is norm(x) instead of x). The cross-attention
 line is there when the spec fills the `cross_attention` slot; its keys and values come from `context`, the
 encoder output [sk, b, h].
+
+Selective recompute of "layernorm" keeps neither norm's output past the sub-layer that reads it: norm1(x) and
+norm2(x) are recomputed from x when backward reaches the attention's and the MLP's output
+(`CheckpointWithoutOutput`), except where the output is the residual too (post-norm residual).
 """
 
 import contextlib
@@ -17,7 +21,7 @@ import torch
 
 from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, layer_runs_in_fp8
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.random import model_parallel_rng_region
+from megatron.core.tensor_parallel.random import CheckpointWithoutOutput, model_parallel_rng_region
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
@@ -70,6 +74,9 @@ class TransformerLayer(MegatronModule):
         if layer_runs_in_fp8(config, self.layer_number):
             self._use_fp8_gemms(Fp8Recipe.from_config(config))
         self._compiled_forward = None  # built on the first compiled call (`config.use_torch_compile`)
+        self.recompute_layernorm = (
+            config.recompute_granularity == "selective" and "layernorm" in config.recompute_modules
+        )
 
     def _use_fp8_gemms(self, recipe: Fp8Recipe) -> None:
         """Runs every parallel linear of this layer (QKV, projection, fc1, fc2; cross-attention's) in FP8,
@@ -104,10 +111,12 @@ class TransformerLayer(MegatronModule):
 
     def _forward(self, hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask):
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
-        normed = self.input_layernorm(hidden_states)
+        normed, recompute = self._norm(self.input_layernorm, hidden_states)
         attention_output_with_bias = self.self_attention(
             normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
         )
+        if recompute is not None:
+            recompute.discard_output_and_register_recompute(attention_output_with_bias[0])
         residual = normed if post_norm_residual else hidden_states
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
         with self._hidden_dropout_rng():
@@ -123,13 +132,25 @@ class TransformerLayer(MegatronModule):
             with self._hidden_dropout_rng():
                 hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
-        normed = self.pre_mlp_layernorm(hidden_states)
+        normed, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
         mlp_output_with_bias = self.mlp(normed)
+        if recompute is not None:
+            recompute.discard_output_and_register_recompute(mlp_output_with_bias[0])
         residual = normed if post_norm_residual else hidden_states
         bda = self.mlp_bda(self.training, self.config.bias_dropout_fusion)
         with self._hidden_dropout_rng():
             hidden_states = bda(mlp_output_with_bias, residual, self.hidden_dropout)
         return hidden_states, context
+
+    def _norm(self, norm, hidden_states):
+        """(norm(hidden_states), the CheckpointWithoutOutput to discard it with, or None) (module docstring)."""
+        recompute = (self.recompute_layernorm and self.training and torch.is_grad_enabled()
+                     and not self.config.apply_residual_connection_post_layernorm
+                     and not isinstance(norm, IdentityOp))
+        if not recompute:
+            return norm(hidden_states), None
+        checkpoint = CheckpointWithoutOutput()
+        return checkpoint.checkpoint(norm, hidden_states), checkpoint
 
     def _hidden_dropout_rng(self):
         """The RNG of the residual-stream dropout. Replicated activations take the same mask on every TP

@@ -24,6 +24,8 @@ def check_mla_mtp(args: argparse.Namespace, problems: list) -> None:
     if args.multi_latent_attention and args.group_query_attention:
         problems.append("--group-query-attention cannot be combined with --multi-latent-attention (every head has "
                         "its own keys and values, made from the shared latent)")
+    if args.multi_latent_attention and args.attention_output_gate:
+        problems.append("--attention-output-gate with --multi-latent-attention is not supported yet")
     mtp = args.mtp_num_layers
     if mtp and args.context_parallel_size > 1:
         problems.append(f"--mtp-num-layers with --context-parallel-size {args.context_parallel_size} is not "

@@ -20,8 +20,6 @@ class Unsupported:
 
 
 UNSUPPORTED = (
-    Unsupported("--pipeline-model-parallel-layout", "explicit pipeline layouts are not supported yet; use "
-                                                    "--decoder-first/last-pipeline-num-layers for uneven stages"),
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
     Unsupported("--fp8-recipe", "is not supported yet; use delayed or tensorwise", ("mxfp8", "blockwise", "custom")),

@@ -1,14 +1,20 @@
 """Rules between the model's shape and the other sections (the shape's own rules are
 `NetworkSizeConfig.validate`, megatron/training/config/model.py).
 
-The split of a layer over tensor-parallel ranks and the recomputed layer counts are Megatron-Core's rules
+The split of a layer over tensor-parallel ranks, the recomputed layer counts and the linear-attention layers
+are Megatron-Core's rules
 (megatron/core/transformer/config_rules.py), run here before any `TransformerConfig` exists, with messages
 that name the flags.
 """
 
 import argparse
 
-from megatron.core.transformer.config_rules import recompute_layer_problems, tensor_parallel_split_problems
+from megatron.core.transformer.config_rules import (
+    linear_attention_problems,
+    recompute_layer_problems,
+    recompute_module_problems,
+    tensor_parallel_split_problems,
+)
 from megatron.training.config.run_config import RunConfig
 
 
@@ -48,11 +54,15 @@ def _check_sequence_lengths(args, problems: list) -> None:
 
 
 def check_model_shape(args: argparse.Namespace, problems: list) -> None:
-    """The shape against the parallel layout and the sequence length; the recompute layer counts."""
+    """The shape against the parallel layout and the sequence length; the recompute layer counts and modules;
+    the linear attention layers against the layers and the layout."""
     _check_tensor_parallel_split(args, problems)
+    problems.extend(linear_attention_problems(args, name=flag_setting))
     _check_sequence_lengths(args, problems)
     problems.extend(recompute_layer_problems(args.recompute_granularity, args.recompute_method,
                                              args.recompute_num_layers, args.num_layers or None,
                                              args.pipeline_model_parallel_size, name=flag_setting))
+    problems.extend(recompute_module_problems(args.recompute_granularity, args.recompute_modules, args,
+                                              name=flag_setting))
     if args.distribute_saved_activations and args.sequence_parallel:
         problems.append("--distribute-saved-activations cannot be combined with --sequence-parallel")

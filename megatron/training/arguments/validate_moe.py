@@ -1,5 +1,5 @@
 """Rules between the mixture-of-experts flags and the other sections (the MoE flags' own rules and the
-parsing of `--moe-layer-freq` are in megatron/training/config/moe.py, whose `parse_moe_layer_freq` is
+parsing of `--moe-layer-freq` are in megatron/training/config/moe.py, whose `parse_layer_freq` is
 importable from here too).
 
     world size = ETP x EP x expert-DP x PP  (the expert layout must fit the world, as TP x CP x DP x PP does)
@@ -8,9 +8,9 @@ importable from here too).
 import argparse
 
 from megatron.core.model_parallel_config import legal_sizes
-from megatron.training.config.moe import parse_moe_layer_freq
+from megatron.training.config.moe import parse_layer_freq
 
-__all__ = ["check_moe", "parse_moe_layer_freq"]
+__all__ = ["check_moe", "parse_layer_freq"]
 
 
 def check_moe(args: argparse.Namespace, problems: list) -> None:

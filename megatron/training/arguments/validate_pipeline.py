@@ -4,16 +4,21 @@
                                --decoder-first/last-pipeline-num-layers on the first/last rank and
                                the rest split evenly over the others
     virtual stages per rank  = layers per rank / --num-layers-per-virtual-pipeline-stage,
-                               or --num-virtual-stages-per-pipeline-rank
+                               or --num-virtual-stages-per-pipeline-rank,
+                               or the stages of --pipeline-model-parallel-layout / PP (which also places
+                               every layer)
     interleaved schedule     PP <= G <= M and M mod G in {0} or >= PP, with M = global batch /
                                (micro batch x DP) microbatches and G = --microbatch-group-size-per-
-                               virtual-pipeline-stage (default PP)
+                               virtual-pipeline-stage (default PP); Megatron-LM's schedule checks it
+                               every step, with that step's M (here too): with --step-batch-size-schedule
+                               M changes from step to step and is checked only then
 """
 
 import argparse
 from types import SimpleNamespace
 
 from megatron.core.transformer.pipeline_layer_split import pipeline_layer_counts
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 from megatron.training.arguments.reporting import warn_rank_0
 from megatron.training.batch_plan import BatchPlan
 
@@ -21,6 +26,17 @@ from megatron.training.batch_plan import BatchPlan
 def _virtual_stages(args, num_layers: int | None, problems: list) -> int | None:
     """Virtual stages per pipeline rank from the flags (None: one, no interleaving)."""
     pp, per_virtual_stage = args.pipeline_model_parallel_size, args.num_layers_per_virtual_pipeline_stage
+    if args.pipeline_model_parallel_layout is not None:
+        try:
+            stages = PipelineParallelLayerLayout.get_num_stages_from_str(args.pipeline_model_parallel_layout)
+        except ValueError as error:
+            problems.append(f"--pipeline-model-parallel-layout: {error}")
+            return None
+        if stages % pp:
+            problems.append(f"--pipeline-model-parallel-layout {args.pipeline_model_parallel_layout} has {stages} "
+                            f"stage(s), not a multiple of --pipeline-model-parallel-size {pp}")
+            return None
+        return stages // pp
     if per_virtual_stage is not None:
         if num_layers is None:
             return None
@@ -43,6 +59,8 @@ def _check_split(args, num_layers: int, virtual_stages: int | None, problems: li
         num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
+        mtp_num_layers=args.mtp_num_layers,
     )
     try:
         pipeline_layer_counts(split)
@@ -55,8 +73,8 @@ def _check_interleaved_microbatches(args, group: int, problems: list) -> None:
     """The interleaved schedule's group rule, for the full global batch (ramp-up steps are checked when
     they run)."""
     pp = args.pipeline_model_parallel_size
-    if not (args.micro_batch_size and args.data_parallel_size):
-        return  # reported elsewhere
+    if not (args.micro_batch_size and args.data_parallel_size) or args.step_batch_size_schedule is not None:
+        return  # reported elsewhere, or checked step by step
     plan = BatchPlan.from_args(args)  # the global batch may not be derived yet: one microbatch when unset
     microbatches = plan.num_microbatches
     shown = (f"{microbatches} microbatches (= global batch {plan.global_batch_size} / (micro batch "
@@ -83,7 +101,7 @@ def derive_pipeline_stages(args: argparse.Namespace, problems: list) -> dict:
         problems.append("virtual pipeline stages (--num-layers-per-virtual-pipeline-stage / "
                         "--num-virtual-stages-per-pipeline-rank) need --pipeline-model-parallel-size > 1")
         return {"virtual_pipeline_model_parallel_size": None}
-    if num_layers is not None and args.pipeline_model_parallel_layout is None:
+    if num_layers is not None:
         _check_split(args, num_layers, virtual_stages, problems)
     if virtual_stages is None:
         return {"virtual_pipeline_model_parallel_size": None, "overlap_p2p_comm": False, "align_param_gather": False}

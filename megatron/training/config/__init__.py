@@ -10,6 +10,8 @@
     optimizer.py      OptimizerChoiceConfig, RegularizationConfig, LearningRateConfig
     precision.py      MixedPrecisionConfig, LowPrecisionConfig (FP8/FP4)
     moe.py            MoEConfig
+    mla.py            MultiLatentAttentionConfig, MultiTokenPredictionConfig
+    linear_attention.py  LinearAttentionConfig (Gated DeltaNet layers)
     resilience.py     ResilienceConfig (bad steps, auto-resume, dry run)
     run_config.py     RunConfig: one instance of each, in --help order
 

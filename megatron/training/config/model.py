@@ -100,6 +100,10 @@ class NetworkSizeConfig(Section):
     qk_layernorm: bool = False
     """Normalise queries and keys per head."""
 
+    attention_output_gate: bool = False
+    """Multiply softmax attention's output by sigmoid of a learned per-head gate (a second query-sized
+    projection of the layer input), as Qwen3-Next."""
+
     apply_residual_connection_post_layernorm: bool = False
     """Take the residual after the layer norm (original BERT ordering)."""
 

@@ -28,8 +28,9 @@ def _evaluate_list_expression(node):
     raise ValueError("unsupported expression")
 
 
-def parse_moe_layer_freq(value):
-    """`--moe-layer-freq` as an int (every N-th layer) or a list of 0/1; raises ValueError on anything else."""
+def parse_layer_freq(value, flag_name: str = "--moe-layer-freq"):
+    """`--moe-layer-freq` (or `flag_name`, e.g. --linear-attention-freq) as an int (every N-th layer) or a list
+    of 0/1; raises ValueError on anything else."""
     if isinstance(value, (int, list)):
         return value
     text = str(value).strip()
@@ -42,7 +43,7 @@ def parse_moe_layer_freq(value):
             pattern = None
         if isinstance(pattern, list):
             return pattern
-    raise ValueError(f'--moe-layer-freq {value!r} must be an integer or a 0/1 list such as "([1]*3+[0]*1)*3"')
+    raise ValueError(f'{flag_name} {value!r} must be an integer or a 0/1 list such as "([1]*3+[0]*1)*3"')
 
 
 def _single(value):
@@ -67,6 +68,9 @@ class MoEConfig(Section):
 
     moe_shared_expert_intermediate_size: int | None = None
     """Total hidden size of the shared experts (unset: none)."""
+
+    moe_shared_expert_gate: bool = False
+    """Gate the shared experts' output per token by sigmoid(x . w), w a learned [1, hidden] (Qwen-MoE)."""
 
     moe_router_topk: int = 2
     """Experts per token."""
@@ -143,7 +147,7 @@ class MoEConfig(Section):
         """The flags as the model reads them: one load-balancing type and coefficient, the parsed layer
         pattern (unparseable: 1, reported by validate), 0 experts as None."""
         try:
-            layer_freq = parse_moe_layer_freq(self.moe_layer_freq)
+            layer_freq = parse_layer_freq(self.moe_layer_freq)
         except ValueError:
             layer_freq = 1
         return {"num_experts": self.effective_num_experts, "moe_layer_freq": layer_freq,
@@ -158,9 +162,11 @@ class MoEConfig(Section):
                 problems.append(f"{flag_name} {' '.join(map(str, value))}: combining several load-balancing losses "
                                 "is not supported yet; give one")
         try:
-            parse_moe_layer_freq(self.moe_layer_freq)
+            parse_layer_freq(self.moe_layer_freq)
         except ValueError as error:
             problems.append(str(error))
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            problems.append("--moe-shared-expert-gate needs shared experts (--moe-shared-expert-intermediate-size)")
         if self.moe_router_dtype == "fp64":
             problems.append("--moe-router-dtype fp64 is not supported yet; the router computes in fp32 "
                             "(--moe-router-dtype fp32)")

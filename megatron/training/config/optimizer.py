@@ -66,6 +66,9 @@ class RegularizationConfig(Section):
     weight_decay: float = 0.01
     """Weight decay (biases and 1-D parameters get none)."""
 
+    apply_wd_to_qk_layernorm: bool = False
+    """Give the per-head q/k layernorms weight decay too (the exception Qwen3-Next makes)."""
+
     start_weight_decay: float | None = None
     """Initial weight decay with a non-constant --weight-decay-incr-style."""
 

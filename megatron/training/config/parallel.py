@@ -59,7 +59,8 @@ class DistributedConfig(Section):
     """Virtual pipeline stages per pipeline rank (interleaved schedule)."""
 
     pipeline_model_parallel_layout: str | None = None
-    """Explicit layer layout of the pipeline stages, e.g. "E|(t|)*3,m|m||L"."""
+    """Explicit layer placement: stages separated by "|", E embedding, t transformer layer, m MTP layer, L loss,
+    "(...)*n" / "x*n" repeats, e.g. "Et*3|(tt|)*6tmL"; PP ranks x virtual stages = the number of stages."""
 
     decoder_first_pipeline_num_layers: int | None = None
     """Layers on the first pipeline stage (uneven split)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from megatron.training.config.checkpointing import CheckpointingConfig
 from megatron.training.config.data import DataConfig
 from megatron.training.config.fields import argparse_kwargs
+from megatron.training.config.linear_attention import LinearAttentionConfig
 from megatron.training.config.logging import LoggingConfig
 from megatron.training.config.mla import MultiLatentAttentionConfig, MultiTokenPredictionConfig
 from megatron.training.config.model import InitializationConfig, KernelFusionConfig, NetworkSizeConfig
@@ -40,6 +41,7 @@ class RunConfig:
     moe: MoEConfig
     multi_latent_attention: MultiLatentAttentionConfig
     multi_token_prediction: MultiTokenPredictionConfig
+    linear_attention: LinearAttentionConfig
     logging: LoggingConfig
     resilience: ResilienceConfig
 

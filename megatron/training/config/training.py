@@ -54,7 +54,9 @@ class TrainingConfig(Section):
     """Layers per recompute chunk (uniform) or per pipeline stage (block)."""
 
     recompute_modules: list[str] | None = flag(None, nargs="+")
-    """Submodules recomputed with selective granularity (default ["core_attn"])."""
+    """Submodules recomputed with selective granularity (default core_attn): core_attn, mlp, layernorm (the
+    input and pre-MLP norms), moe_act (the experts' activation, with --moe-grouped-gemm), mla_up_proj (the
+    multi-latent up projections and RoPE)."""
 
     distribute_saved_activations: bool = False
     """Shard recomputation checkpoints across the tensor-parallel group."""

@@ -12,6 +12,9 @@ from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_transformer_block_with_experimental_attention_variant_spec,
+)
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
@@ -33,7 +36,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     config = core_transformer_config_from_args(args)
     spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
                      multi_latent_attention=args.multi_latent_attention)
-    if args.num_experts is not None:  # per-layer specs: MoE or dense as --moe-layer-freq says
+    if args.experimental_attention_variant is not None:  # per layer: Gated DeltaNet or softmax attention
+        layer_spec = get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage)
+    elif args.num_experts is not None:  # per-layer specs: MoE or dense as --moe-layer-freq says
         layer_spec = get_gpt_decoder_block_spec(
             config, use_transformer_engine=False, normalization=args.normalization, vp_stage=vp_stage,
         )

@@ -64,6 +64,20 @@ def test_weight_decay_skips_biases_and_1d_params():
         torch.testing.assert_close(param.detach(), before[name] * factor)
 
 
+def test_apply_wd_to_qk_layernorm_decays_the_q_and_k_norms_only():
+    # Megatron-LM's rule: 1-D params and biases get no decay, except under q_layernorm. / k_layernorm.
+    model = torch.nn.ModuleDict({"q_layernorm": torch.nn.LayerNorm(4), "k_layernorm": torch.nn.LayerNorm(4),
+                                 "input_layernorm": torch.nn.LayerNorm(4), "linear": torch.nn.Linear(4, 4)})
+    names = {id(param): name for name, param in model.named_parameters()}
+    for apply, decayed in ((False, ["linear.weight"]), (True, ["k_layernorm.bias", "k_layernorm.weight",
+                                                              "linear.weight", "q_layernorm.bias",
+                                                              "q_layernorm.weight"])):
+        config = OptimizerConfig(lr=0.1, weight_decay=0.5, apply_wd_to_qk_layernorm=apply)
+        groups = get_megatron_optimizer(config, [model]).param_groups
+        assert sorted(names[id(param)] for group in groups if group["wd_mult"] == 1.0 for param in group["params"]) \
+            == decayed
+
+
 def test_decoupled_lr_and_scaled_lr_groups():
     model = TinyModel()
     model.embedding.weight.is_embedding_or_output_parameter = True

@@ -1,6 +1,7 @@
 """Several optimizer steps under pipeline parallelism against one process training the whole model.
 
-Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G = 2), PP=4 (tied),
+Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G = 2), the same with an
+explicit layer layout whose first chunk holds no transformer layer, PP=4 (tied),
 uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
 embeddings), and on 8 ranks TP=2 (+SP) x PP=2 x DP=2 and TP=2 x PP=2 x CP=2 (the Llama-like model, ring
 attention); FSDP2 (TorchFullyShardedDataParallel) in place of DDP at FSDP=2 x PP=2 and FSDP=2 x TP=2 (+SP). Every layout trains the same 4-layer model on the same global batch of 8 sequences with
@@ -67,6 +68,8 @@ MODELS = {
 LAYOUTS = {
     "PP=2": ("gpt2", 2, dict(pp=2)),
     "PP=2, 2 virtual stages": ("gpt2", 2, dict(pp=2, vpp=2, group=2)),
+    # An explicit layout whose first chunk holds only the embedding: rank 0 [E] [t], rank 1 [t t] [t L].
+    "PP=2, layout E|tt|t|tL": ("gpt2", 2, dict(pp=2, vpp=2, layout="E|tt|t|tL")),
     "PP=4": ("gpt2", 4, dict(pp=4)),
     "uneven PP=2 (1+3) x DP=2": ("llama", 4, dict(pp=2, first=1, last=3)),
     "TP=2+SP x PP=2 x DP=2": ("gpt2", 8, dict(tp=2, pp=2, sequence_parallel=True)),
@@ -142,6 +145,7 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
         virtual_pipeline_model_parallel_size=vpp, num_layers_in_first_pipeline_stage=layout.get("first"),
         num_layers_in_last_pipeline_stage=layout.get("last"), microbatch_group_size_per_vp_stage=layout.get("group"),
         sequence_parallel=layout.get("sequence_parallel", False), pipeline_dtype=torch.float32,
+        pipeline_model_parallel_layout=layout.get("layout"),
         deallocate_pipeline_outputs=True, use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
     )
     glu = config.gated_linear_unit
@@ -155,6 +159,9 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
             vp_stage=vp_stage if vpp else None,
         ))
         offsets.append(get_transformer_layer_offset(config, vp_stage=vp_stage))
+        if layout.get("layout"):  # stage v * PP + p of the string is chunk v of rank p
+            stage = layout["layout"].split("|")[vp_stage * pp + parallel_state.get_pipeline_model_parallel_rank()]
+            assert len(chunks[-1].decoder.layers) == stage.count("t"), (vp_stage, stage)
 
     def named(chunk_index, source):
         """(reference name, tensor) of a chunk's params (source "param") or their main grads ("grad")."""

@@ -3,7 +3,8 @@
 On 4 gloo ranks, Megatron-Core's training path (GPTModel, DDP, the no-pipelining schedule with
 finalize_model_grads, get_megatron_optimizer with Adam and gradient clipping) trains a GPT-2-like and a
 Llama-like model (GQA with 2 key/value groups, so fewer groups than TP=4 ranks; SwiGLU, RoPE, RMSNorm,
-untied embeddings). The reference is the same model at TP=1 trained with plain `torch.optim.AdamW` and
+untied embeddings), and a Qwen3-Next-like one (a Gated DeltaNet layer, then softmax attention with the
+output gate and q/k norms; MoE layers with a gated shared expert). The reference is the same model at TP=1 trained with plain `torch.optim.AdamW` and
 `clip_grad_norm_` on the same global batch. Every step the loss, the un-sharded gradients and the
 gradient norm must match, and after the last step the un-sharded weights. The shards are merged with
 Megatron-Core's TP layouts (by parameter name, not through the code's own metadata).
@@ -23,6 +24,9 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_transformer_block_with_experimental_attention_variant_spec,
+)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -50,20 +54,39 @@ MODELS = {
         model=dict(position_embedding_type="rope", share_embeddings_and_output_weights=False),
     ),
 }
+# Models built with their own layer specs (kept out of MODELS, which other tests build with the local spec).
+_QWEN3_NEXT = dict(
+    num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+    normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+    qk_layernorm=True, layernorm_zero_centered_gamma=True, attention_output_gate=True,
+    experimental_attention_variant="gdn", linear_attention_freq=2, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_num_key_heads=4, linear_num_value_heads=8, num_moe_experts=4, moe_ffn_hidden_size=32,
+    moe_shared_expert_intermediate_size=32, moe_shared_expert_gate=True,
+)
+SPEC_MODELS = {
+    "qwen3-next": dict(config=_QWEN3_NEXT, model=dict(position_embedding_type="rope",
+                                                      share_embeddings_and_output_weights=False),
+                       spec=lambda config: get_transformer_block_with_experimental_attention_variant_spec(config)),
+}
 # Column-parallel: rows split (dim 0); row-parallel weights: columns split (dim 1); everything else
-# (norms, row-parallel biases, position embeddings) is replicated.
+# (norms, row-parallel biases, position embeddings, routers, the shared-expert gate) is replicated.
 _ROWS_SPLIT = ("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight", "linear_fc1.bias",
-               "word_embeddings.weight", "output_layer.weight")
-_COLUMNS_SPLIT = ("linear_proj.weight", "linear_fc2.weight")
+               "word_embeddings.weight", "output_layer.weight", "A_log", "dt_bias")
+_COLUMNS_SPLIT = ("linear_proj.weight", "linear_fc2.weight", "out_proj.weight")
+# Gated DeltaNet's fused rows: blocks (q, k, v, z, beta, alpha) each split over TP (Megatron-Core's layout).
+_QK, _V, _NV = 4 * 8, 8 * 8, 8
+_BLOCKS_SPLIT = {"in_proj.weight": (_QK, _QK, _V, _V, _NV, _NV), "conv1d.weight": (_QK, _QK, _V)}
 
 
 def _build(name: str, tensor_parallel_size: int, sequence_parallel: bool = False) -> GPTModel:
     torch.manual_seed(11)
+    model = {**MODELS, **SPEC_MODELS}[name]
     config = TransformerConfig(
-        **MODELS[name]["config"], tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=sequence_parallel,
+        **model["config"], tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=sequence_parallel,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
     )
-    return GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, **MODELS[name]["model"])
+    spec = model["spec"](config) if "spec" in model else get_gpt_layer_local_spec()
+    return GPTModel(config, spec, VOCAB, SEQ, **model["model"])
 
 
 def _global_batches():
@@ -92,15 +115,19 @@ def _reference_run(name: str) -> list[dict]:
 def _unsharded(name: str, tensor: torch.Tensor, group, world_size: int, glu: bool) -> torch.Tensor:
     """The full tensor from the TP shards of parameter `name`: QKV rows, fc1 rows
     and vocabulary rows concatenate (QKV shards hold whole query groups, or slices of one group, in order);
-    a SwiGLU fc1 shard is [gate_i; up_i], so gates and ups concatenate separately."""
-    split_dim = 0 if name.endswith(_ROWS_SPLIT) else 1 if name.endswith(_COLUMNS_SPLIT) else None
+    a SwiGLU fc1 shard is [gate_i; up_i], so gates and ups concatenate separately; Gated DeltaNet's fused
+    shards hold their part of each block."""
+    blocks = next((sizes for suffix, sizes in _BLOCKS_SPLIT.items() if name.endswith(suffix)), None)
+    split_dim = 0 if name.endswith(_ROWS_SPLIT) or blocks else 1 if name.endswith(_COLUMNS_SPLIT) else None
     if split_dim is None or world_size == 1:
         return tensor
     shards = [torch.empty_like(tensor) for _ in range(world_size)]
     dist.all_gather(shards, tensor.contiguous(), group=group)
     if glu and "linear_fc1" in name:
-        gates, ups = zip(*(shard.chunk(2, dim=0) for shard in shards))
-        return torch.cat(gates + ups, dim=0)
+        blocks = (tensor.size(0) * world_size // 2,) * 2
+    if blocks:
+        pieces = zip(*(shard.split([size // world_size for size in blocks]) for shard in shards))
+        return torch.cat([torch.cat(block) for block in pieces], dim=0)
     return torch.cat(shards, dim=split_dim)
 
 
@@ -174,7 +201,8 @@ def _tensor_parallel_run(name, tensor_parallel_size, sequence_parallel, referenc
     return worst
 
 
-LAYOUTS = [("gpt2", 2, True), ("gpt2", 4, False), ("llama", 2, False), ("llama", 4, False), ("llama", 4, True)]
+LAYOUTS = [("gpt2", 2, True), ("gpt2", 4, False), ("llama", 2, False), ("llama", 4, False), ("llama", 4, True),
+           ("qwen3-next", 2, True)]
 
 
 def _sequence_parallel_dropout(sequence_parallel: bool) -> list[torch.Tensor]:
@@ -229,13 +257,14 @@ def _all_checks(rank, world_size, references):
 
 @pytest.fixture(scope="module")
 def results():
-    references = {name: _reference_run(name) for name in MODELS}
+    references = {name: _reference_run(name) for name in {**MODELS, **SPEC_MODELS}}
     return run_distributed(_all_checks, 4, references)
 
 
 def test_tensor_parallel_training_matches_tp1_over_several_steps(results):
-    """TP=2 (x DP=2) and TP=4, with and without SP, GQA with 2 groups at TP=4: same losses, un-sharded
-    grads, grad norms and final weights as TP=1; identical initial weights with use_cpu_initialization."""
+    """TP=2 (x DP=2) and TP=4, with and without SP, GQA with 2 groups at TP=4, Gated DeltaNet and the gates of
+    Qwen3-Next: same losses, un-sharded grads, grad norms and final weights as TP=1; identical initial weights
+    with use_cpu_initialization."""
     for per_rank in results:
         for layout, worst in per_rank["layouts"].items():
             worst = dict(worst)

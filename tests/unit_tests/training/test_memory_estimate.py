@@ -20,6 +20,9 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, wra
 from megatron.core.dtensor_shards import local_tensor
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_transformer_block_with_experimental_attention_variant_spec,
+)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -76,7 +79,9 @@ def _args(*flags):
 
 def _gpt(args):
     config = core_transformer_config_from_args(args)
-    if args.num_experts:
+    if args.experimental_attention_variant:
+        spec = get_transformer_block_with_experimental_attention_variant_spec(config)
+    elif args.num_experts:
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
     else:
         spec = get_gpt_layer_local_spec(normalization=args.normalization)
@@ -102,6 +107,14 @@ QWEN3_MOE = ("--group-query-attention", "--num-query-groups", "2", "--kv-channel
              "--normalization", "RMSNorm", "--disable-bias-linear", "--position-embedding-type", "rope",
              "--untie-embeddings-and-output-weights", "--num-experts", "4", "--moe-router-topk", "2",
              "--moe-ffn-hidden-size", "48", "--moe-layer-freq", "[0]+[1]*3")
+# Qwen3-Next-shaped: Gated DeltaNet layers 1 and 3 (LayerNorm output norms), softmax attention with the output
+# gate in layers 2 and 4, MoE layers with a gated shared expert.
+QWEN3_NEXT = ("--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
+              "--linear-num-key-heads", "2", "--linear-num-value-heads", "4", "--linear-key-head-dim", "8",
+              "--linear-value-head-dim", "12", "--attention-output-gate", "--group-query-attention",
+              "--num-query-groups", "2", "--qk-layernorm", "--swiglu", "--disable-bias-linear", "--num-experts", "4",
+              "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-shared-expert-intermediate-size", "32",
+              "--moe-shared-expert-gate")
 SHAPES = [
     (),
     ("--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
@@ -112,6 +125,7 @@ SHAPES = [
     MOE + ("--moe-shared-expert-intermediate-size", "32"),
     DEEPSEEK_V3,
     QWEN3_MOE,
+    QWEN3_NEXT,
 ]
 
 

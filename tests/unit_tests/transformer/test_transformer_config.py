@@ -65,7 +65,10 @@ def test_query_groups_must_split_over_tensor_parallel_ranks_or_be_shared_by_them
             "'uniform' or 'block', got 'random'",
         ),
         (dict(recompute_granularity="selective", recompute_modules=["attn"]), "unknown recompute_modules entry 'attn'"),
-        (dict(recompute_granularity="selective", recompute_modules=["layernorm"]), "'layernorm' is not supported yet"),
+        (dict(recompute_granularity="selective", recompute_modules=["moe"]), "'moe' is not supported yet"),
+        (dict(recompute_granularity="selective", recompute_modules=["moe_act"]), "'moe_act' needs moe_grouped_gemm"),
+        (dict(recompute_granularity="selective", recompute_modules=["layernorm"], use_torch_compile=True),
+         "layernorm with use_torch_compile is not supported yet"),
     ],
 )
 def test_recompute_combinations(settings, expected):

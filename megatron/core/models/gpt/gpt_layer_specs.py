@@ -18,6 +18,7 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
 from megatron.core.transformer.multi_latent_attention import (
     MLASelfAttention,
     MLASelfAttentionSubmodules,
@@ -122,10 +123,13 @@ def _dense_mlp_spec() -> ModuleSpec:
 def _mlp_spec(num_experts: int | None, moe_grouped_gemm: bool) -> ModuleSpec:
     if num_experts is None:
         return _dense_mlp_spec()
+    shared_experts = ModuleSpec(
+        module=SharedExpertMLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    )
     return ModuleSpec(
         module=MoELayer,
         submodules=MoESubmodules(
-            experts=GroupedMLP if moe_grouped_gemm else SequentialMLP, shared_experts=_dense_mlp_spec()
+            experts=GroupedMLP if moe_grouped_gemm else SequentialMLP, shared_experts=shared_experts
         ),
     )
 

@@ -26,7 +26,11 @@ from megatron.core import parallel_state
 from megatron.core.activations import openai_gelu
 from megatron.core.tensor_parallel.layers import parameter_device, set_tensor_model_parallel_attributes
 from megatron.core.tensor_parallel.partition import partition_range
-from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
+from megatron.core.tensor_parallel.random import (
+    CheckpointWithoutOutput,
+    get_cuda_rng_tracker,
+    get_expert_parallel_rng_tracker_name,
+)
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.grouped_gemm import grouped_linear
 
@@ -225,9 +229,17 @@ class GroupedMLP(MegatronModule):
         self.linear_fc2 = _GroupedWeights([fc2 for _, fc2 in pairs])
         self.activation = expert_activation(config)
         self.use_grouped_mm = True
+        # Selective recompute of "moe_act": the activation output is not kept past fc2 (recomputed in backward).
+        self.recompute_activation = config.recompute_granularity == "selective" and "moe_act" in config.recompute_modules
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         intermediate = grouped_linear(rows, self.linear_fc1.weights(), tokens_per_expert, self.use_grouped_mm)
-        return grouped_linear(
-            self.activation(intermediate), self.linear_fc2.weights(), tokens_per_expert, self.use_grouped_mm
-        )
+        if not (self.recompute_activation and self.training and torch.is_grad_enabled()):
+            return grouped_linear(
+                self.activation(intermediate), self.linear_fc2.weights(), tokens_per_expert, self.use_grouped_mm
+            )
+        recompute = CheckpointWithoutOutput()
+        activated = recompute.checkpoint(self.activation, intermediate)
+        output = grouped_linear(activated, self.linear_fc2.weights(), tokens_per_expert, self.use_grouped_mm)
+        recompute.discard_output_and_register_recompute(output)
+        return output

@@ -22,6 +22,7 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
 from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher, MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -60,6 +61,9 @@ class MoELayer(MegatronModule):
             self.shared_experts = build_module(
                 submodules.shared_experts, config=config, ffn_hidden_size=config.moe_shared_expert_intermediate_size
             )
+            if config.moe_shared_expert_gate and not isinstance(self.shared_experts, SharedExpertMLP):
+                raise ValueError("moe_shared_expert_gate needs SharedExpertMLP in the shared_experts slot of the "
+                                 f"layer spec, got {type(self.shared_experts).__name__}")
         self.layer_number = None
         if layer_number is not None:
             self.set_layer_number(layer_number)

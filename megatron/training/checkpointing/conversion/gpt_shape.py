@@ -113,6 +113,13 @@ def _unsupported_features(args) -> list[str]:
         (getattr(args, "decoder_first_pipeline_num_layers", None) is not None
          or getattr(args, "decoder_last_pipeline_num_layers", None) is not None,
          "--decoder-first/last-pipeline-num-layers (uneven pipeline stages)"),
+        (getattr(args, "pipeline_model_parallel_layout", None) is not None
+         or getattr(args, "account_for_embedding_in_pipeline_split", False)
+         or getattr(args, "account_for_loss_in_pipeline_split", False),
+         "--pipeline-model-parallel-layout / --account-for-embedding/loss-in-pipeline-split (uneven pipeline stages)"),
+        (getattr(args, "experimental_attention_variant", None), "--experimental-attention-variant (linear attention)"),
+        (getattr(args, "attention_output_gate", False), "--attention-output-gate"),
+        (getattr(args, "moe_shared_expert_gate", False), "--moe-shared-expert-gate"),
     )
     for present, flag in checks:
         if present:

@@ -4,7 +4,7 @@ import pytest
 
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.training.arguments import core_transformer_config_from_args
-from megatron.training.arguments.validate_moe import parse_moe_layer_freq
+from megatron.training.arguments.validate_moe import parse_layer_freq
 from megatron.training.training_log import num_floating_point_operations
 
 from .conftest import MINIMAL
@@ -16,13 +16,13 @@ MOE = MINIMAL + ["--num-experts", "4", "--disable-bias-linear"]
     ("1", 1), ("3", 3), ("[1,0,1,0]", [1, 0, 1, 0]), ("([1]*3+[0]*1)*2", [1, 1, 1, 0] * 2), ("[0]+[1]*2", [0, 1, 1]),
 ])
 def test_moe_layer_freq_syntax(text, expected):
-    assert parse_moe_layer_freq(text) == expected
+    assert parse_layer_freq(text) == expected
 
 
 @pytest.mark.parametrize("text", ["__import__('os')", "[1,0]*x", "abc", "1.5"])
 def test_moe_layer_freq_refuses_anything_else(text):
     with pytest.raises(ValueError, match="--moe-layer-freq"):
-        parse_moe_layer_freq(text)
+        parse_layer_freq(text)
 
 
 def test_moe_run_validates_and_builds_the_config(validated):

@@ -31,6 +31,19 @@ def test_uneven_first_stage_leaves_the_rest_to_the_other_stages(validated):
     assert validated(*BASE, "--decoder-first-pipeline-num-layers", "3").virtual_pipeline_model_parallel_size is None
 
 
+def test_layout_sets_the_virtual_stages(validated):
+    # 4 stages over PP 2: 2 virtual stages per rank; the first holds the embedding only.
+    args = validated(*BASE, "--pipeline-model-parallel-layout", "E|t*4|t*3|tL", "--global-batch-size", "8")
+    assert args.virtual_pipeline_model_parallel_size == 2
+    assert validated(*BASE, "--pipeline-model-parallel-layout", "Et*3|t*5L").virtual_pipeline_model_parallel_size is None
+
+
+def test_group_rule_waits_for_the_step_with_a_batch_size_schedule(problems):
+    # Megatron-LM's schedule checks PP <= G <= M each step; with a schedule M is only known then.
+    message = problems(*BASE, "--num-virtual-stages-per-pipeline-rank", "2", "--step-batch-size-schedule", "0:16")
+    assert "microbatch-group-size" not in message
+
+
 def test_uneven_stages_with_virtual_stages(validated):
     # 2 layers on the first rank, 6 on the last; 2 virtual stages: chunks of 1 and 3 layers.
     args = validated(*BASE, "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "6",
@@ -58,7 +71,12 @@ def test_uneven_stages_with_virtual_stages(validated):
      "5 microbatches (= global batch 20 / (micro batch 2 x DP 2)) modulo "
      "--microbatch-group-size-per-virtual-pipeline-stage 4 to be 0 or at least --pipeline-model-parallel-size 2, "
      "got 1"),
-    (["--pipeline-model-parallel-layout", "E|tt|tt|L"], "explicit pipeline layouts are not supported yet"),
+    (["--pipeline-model-parallel-layout", "E|tt|tt|L"],
+     "pipeline layout 'E|tt|tt|L' holds 4 transformer layer(s) t, but --num-layers is 8"),
+    (["--pipeline-model-parallel-layout", "Et*4|t*4|L"],
+     "--pipeline-model-parallel-layout Et*4|t*4|L has 3 stage(s), not a multiple of --pipeline-model-parallel-size 2"),
+    (["--pipeline-model-parallel-layout", "E|t*8|L|", "--account-for-loss-in-pipeline-split"],
+     "a pipeline layout cannot be combined"),
 ])
 def test_pipeline_problems(problems, extra, expected):
     assert expected in problems(*BASE, *extra)

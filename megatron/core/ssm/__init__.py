@@ -1,0 +1,1 @@
+"""State-space and linear-attention layers: Gated DeltaNet (gated_delta_net/)."""
