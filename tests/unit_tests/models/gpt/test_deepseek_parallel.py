@@ -1,6 +1,7 @@
 """A DeepSeek-V3-shaped GPTModel (multi-latent attention with YaRN, a dense first layer, MoE layers with
 group-limited sigmoid routing, expert bias, scaling factor and a shared expert) on 2 gloo ranks equals the
-same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), PP=2, each also with a
+same model in one process: TP=2, TP=2 with sequence parallelism, EP=2 (x DP=2), the experts' own tensor
+parallelism (ETP=2 under DP=2; EP=2 with ETP=1 under TP=2 + SP), PP=2, each also with a
 multi-token-prediction depth (its loss logged as "mtp_1 loss"; under PP the last stage's copy of the word
 embedding gets the first stage's gradient too), and CP=2.
 
@@ -51,6 +52,9 @@ LAYOUTS = {
     "TP=2": dict(tensor_model_parallel_size=2),
     "TP=2 + SP": dict(tensor_model_parallel_size=2, sequence_parallel=True),
     "EP=2 x DP=2": dict(expert_model_parallel_size=2),
+    "ETP=2 x DP=2": dict(expert_tensor_parallel_size=2),
+    "TP=2 + SP, EP=2 x ETP=1": dict(tensor_model_parallel_size=2, sequence_parallel=True, expert_model_parallel_size=2,
+                                    expert_tensor_parallel_size=1),
     "TP=2 + SP, MTP": dict(tensor_model_parallel_size=2, sequence_parallel=True, mtp_num_layers=1),
     "EP=2 x DP=2, MTP": dict(expert_model_parallel_size=2, mtp_num_layers=1),
     "PP=2": dict(pipeline_model_parallel_size=2),
