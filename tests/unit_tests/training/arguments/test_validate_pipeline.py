@@ -38,10 +38,10 @@ def test_layout_sets_the_virtual_stages(validated):
     assert validated(*BASE, "--pipeline-model-parallel-layout", "Et*3|t*5L").virtual_pipeline_model_parallel_size is None
 
 
-def test_group_rule_waits_for_the_step_with_a_batch_size_schedule(problems):
+def test_group_rule_waits_for_the_step_with_a_batch_size_schedule(problems, validated):
     # Megatron-LM's schedule checks PP <= G <= M each step; with a schedule M is only known then.
-    message = problems(*BASE, "--num-virtual-stages-per-pipeline-rank", "2", "--step-batch-size-schedule", "0:16")
-    assert "microbatch-group-size" not in message
+    assert "microbatch-group-size" in problems(*BASE, "--num-virtual-stages-per-pipeline-rank", "2")
+    validated(*BASE, "--num-virtual-stages-per-pipeline-rank", "2", "--step-batch-size-schedule", "0:16")
 
 
 def test_uneven_stages_with_virtual_stages(validated):
