@@ -11,9 +11,10 @@ What a Trainer owns, and who makes it:
     model, optimizer, opt_param_scheduler   built by `build_model_and_optimizer`, resumed from --load
     data                DataIterators, built by `build_data_iterators` (data_iterators.py)
     evaluator           the validation and test passes (evaluation.py)
-    during `train`:     the re-run engine (rerun_engine.py), the bad-step guard (bad_step.py), the console/TensorBoard logger (training_log.py), the
-                        progress file (progress.py), profiler and garbage-collection hooks (profiling.py) and
-                        the save/exit decisions (exit_conditions.py)
+    during `train`:     the re-run engine (rerun_engine.py), the bad-step guard (bad_step.py), the
+                        console/TensorBoard logger (training_log.py), the progress file (progress.py), profiler
+                        and garbage-collection hooks (profiling.py) and the save/exit decisions
+                        (exit_conditions.py)
 
 `pretrain()` (training.py) builds one after `initialize_megatron` and calls `run`. Code written against
 Megatron-LM reads the run's counters and derived values from `get_args()` (`args.iteration`: the iteration
@@ -51,7 +52,7 @@ from megatron.training.model_chunks import get_model
 from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.profiling import LoopInstrumentation, start_memory_history
 from megatron.training.progress import ProgressLog
-from megatron.training.rerun_engine import replayable, start_rerun_engine
+from megatron.training.rerun_engine import replayable, start_rerun_engine, validates_results
 from megatron.training.step import RerunExit, learning_rates, run_train_step
 from megatron.training.train_schedule import TrainingSchedule
 from megatron.training.train_state import TrainState
@@ -167,12 +168,14 @@ class Trainer:
         try:
             while self.state.iteration < self.schedule.train_iters:
                 try:
-                    exit_code = self._train_iteration()
+                    try:
+                        exit_code = self._train_iteration()
+                    except RerunExit as stop:
+                        self.bad_step_guard.resolve()  # a verdict on the step before, still on the device, first
+                        return self._stop_for_rerun_engine(stop)
                 except BadStepStop as stop:
                     self._rewind(stop.iteration)
                     return stop_on_bad_step(stop, self.save if args.save else None)
-                except RerunExit as stop:
-                    return self._stop_for_rerun_engine(stop)
                 if exit_code is not None:
                     return exit_code
             return None
@@ -203,7 +206,8 @@ class Trainer:
         config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
         self.exit_conditions = ExitConditions(args, self.start_time, self.layout.device)
         start_rerun_engine(args, self.state.iteration)
-        self.data.train = replayable(self.data.train)
+        if validates_results(args):
+            self.data.train = replayable(self.data.train)
         self.bad_step_guard = BadStepGuard(args, self.state.iteration, self.layout, optimizer,
                                            self.opt_param_scheduler)
         config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)

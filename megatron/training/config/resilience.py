@@ -92,6 +92,10 @@ class ResilienceConfig(Section):
             problems.append(f"--error-injection-rate {self.error_injection_rate} injects errors into the re-run "
                             "engine's validations, which only run with --rerun-mode validate_results (Megatron-LM's "
                             f"default; here it must be given), not with --rerun-mode {self.rerun_mode}")
+        if self.rerun_mode == "validate_results" and (self.spiky_loss_factor != 10.0 or self.spiky_loss_window != 10):
+            problems.append("--spiky-loss-factor and --spiky-loss-window set the bad-step spike check, which "
+                            "--rerun-mode validate_results replaces by Megatron-LM's (10 x the largest of a rank's "
+                            "first 100 losses)")
         if self.bad_step_skip_budget < 0:
             problems.append(f"--bad-step-skip-budget {self.bad_step_skip_budget} must be >= 0")
         return problems
