@@ -250,6 +250,9 @@ class RerunStateMachine:
                 for iterator in iterators:
                     iterator.advance()
                 self.rerun_requested = self.checkpoint_requested = self.continue_requested = False
+                # A rank that rejected nothing re-runs with the others: it must not compare against an old
+                # iteration's rejected value.
+                self.failed_validation_call = self.initial_result = None
             return True
         if self.state == RerunState.INITIAL_RUN:
             if self.mode == RerunMode.DISABLED or not _reduce_any([self.rerun_requested])[0]:

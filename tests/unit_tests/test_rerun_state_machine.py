@@ -133,3 +133,17 @@ def test_spiky_values_are_measured_against_the_first_samples():
     samples = [engine.is_unexpectedly_large(torch.tensor(value), 10, "loss", num_samples=3)
                for value in (1.0, 3.0, 2.0, 29.0, 30.0, float("nan"))]
     assert samples == [False, False, False, False, True, False]
+
+
+def test_a_rank_that_rejected_nothing_reruns_without_an_old_verdict(monkeypatch):
+    from megatron.core import rerun_state_machine
+
+    engine, data = _engine(rate=1), _data()
+    _step(engine, data)
+    _step(engine, data, fatal=False)  # this rank's injected rejection, re-run, training went on
+    engine.error_injector.error_injection_rate = 0
+    # Another rank rejects a value of the next iteration: every rank re-runs it.
+    monkeypatch.setattr(rerun_state_machine, "_reduce_any", lambda flags: [True] if len(flags) == 1 else flags)
+    runs, decision = _step(engine, data, fatal=False)
+    assert len(runs) == 2
+    assert not engine.continue_requested and not engine.checkpoint_requested  # the decision is the other rank's
