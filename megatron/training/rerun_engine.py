@@ -13,10 +13,12 @@ from megatron.core.rerun_state_machine import (
     RerunDiagnostic,
     RerunErrorInjector,
     RerunMode,
+    RerunState,
     get_rerun_state_machine,
     initialize_rerun_state_machine,
 )
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+from megatron.training.console import print_rank_0
 
 
 def validates_results(args) -> bool:
@@ -42,3 +44,14 @@ def replayable(data_iterator):
     if data_iterator is None or isinstance(data_iterator, RerunDataIterator):
         return data_iterator
     return RerunDataIterator(data_iterator)
+
+
+def note_pending_rerun(state_dict: dict, iteration: int) -> None:
+    """One line when a checkpoint was saved by Megatron-LM's re-run engine for its second re-run (of the
+    iteration after `iteration`, on another GPU), which is not built here: the run trains that iteration as
+    a new one."""
+    saved = state_dict.get("rerun_state_machine")
+    if isinstance(saved, dict) and saved.get("state") == RerunState.WILL_RERUN_FROM_CHECKPOINT:
+        print_rank_0(f"note: this checkpoint was saved by Megatron-LM's re-run engine to re-run iteration "
+                     f"{iteration + 1} on another GPU and establish a diagnostic; that second re-run is not "
+                     "supported yet: the iteration is trained as a new one")

@@ -147,3 +147,14 @@ def test_a_rank_that_rejected_nothing_reruns_without_an_old_verdict(monkeypatch)
     runs, decision = _step(engine, data, fatal=False)
     assert len(runs) == 2
     assert not engine.continue_requested and not engine.checkpoint_requested  # the decision is the other rank's
+
+
+def test_a_checkpoint_for_megatrons_second_rerun_is_named_on_loading(capsys):
+    from megatron.core.rerun_state_machine import RerunState
+    from megatron.training.rerun_engine import note_pending_rerun
+
+    note_pending_rerun({"rerun_state_machine": {"state": RerunState.NOT_RUNNING_YET}}, 7)
+    note_pending_rerun({}, 7)
+    assert capsys.readouterr().out == ""
+    note_pending_rerun({"rerun_state_machine": {"state": RerunState.WILL_RERUN_FROM_CHECKPOINT}}, 7)
+    assert "to re-run iteration 8 on another GPU" in capsys.readouterr().out
