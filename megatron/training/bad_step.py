@@ -2,7 +2,8 @@
 
 Every iteration, between the backward pass and the optimizer's update, each rank checks what only it can see:
 
-    loss      its own microbatch loss sums, before any reduction          (--check-for-nan-in-loss-and-grad)
+    loss      its own microbatch loss sums, before any reduction          (--check-for-nan-in-loss-and-grad;
+              under --rerun-mode validate_results the re-run engine checks the losses and spikes instead)
     grads     its own gradients: before the data-parallel reduction (a norm per gradient buffer, recorded by
               the finalize hook below) when there is one to come, else the optimizer's global gradient norm
               (one process, --overlap-grad-reduce, a CUDA-graph iteration: no extra pass over the gradients)
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from megatron.training.checkpointing.rng import get_rng_state, set_rng_state
 from megatron.training.console import print_rank_0
 from megatron.training.parallel_layout import ParallelLayout
+from megatron.training.rerun_engine import validates_results
 
 # Megatron's rerun state machine exits with 17 when a result fails validation.
 EXIT_CODE_BAD_STEP = 17
@@ -80,7 +82,9 @@ class BadStepGuard:
 
     def __init__(self, args, start_iteration: int, layout: ParallelLayout, optimizer=None, scheduler=None):
         self.check_nonfinite = bool(args.check_for_nan_in_loss_and_grad)
-        self.check_spikes = bool(args.check_for_spiky_loss)
+        # Under --rerun-mode validate_results the re-run engine validates the losses (rerun_engine.py).
+        self.check_loss = self.check_nonfinite and not validates_results(args)
+        self.check_spikes = bool(args.check_for_spiky_loss) and not validates_results(args)
         self.policy = args.bad_step_policy
         self.skip_budget = args.bad_step_skip_budget
         self.spike_factor = args.spiky_loss_factor
@@ -184,10 +188,11 @@ class BadStepGuard:
     def _local_flags(self, loss_reports: list, loss_dict: dict, grad_norm) -> torch.Tensor:
         device = self.layout.device
         local = torch.zeros(3, dtype=torch.int32, device=device)
-        if self.check_nonfinite:
+        if self.check_loss:
             local_losses = [torch.as_tensor(value).detach().float().view(-1)[:1]
                             for report in loss_reports for value in report.values()]
             local[_LOSS] = _nonfinite(local_losses).to(device)
+        if self.check_nonfinite:
             if self._local_grads_nonfinite is not None:
                 local[_GRADS] = self._local_grads_nonfinite.to(device)
             elif grad_norm is not None:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.rerun_state_machine import RerunMode, get_rerun_state_machine
 from megatron.training.batch_plan import BatchPlan
 from megatron.training.console import print_rank_last
 from megatron.training.parallel_layout import ParallelLayout
@@ -42,6 +43,10 @@ class Evaluator:
         averaged_keys = set()  # legacy 1-element reports, already averaged over DP by the loss function
         # Evaluation is not part of the training step's forward-backward time (Megatron switches it off too).
         timers, self.config.timers = self.config.timers, None
+        # Only training iterations are validated and re-run (Megatron switches the engine off here too).
+        rerun_engine = get_rerun_state_machine()
+        rerun_mode = rerun_engine.get_mode()
+        rerun_engine.set_mode(RerunMode.DISABLED)
         with torch.no_grad():
             for _ in range(args.eval_iters):
                 reports = get_forward_backward_func()(
@@ -66,6 +71,7 @@ class Evaluator:
                             sums[key] = sums.get(key, torch.zeros_like(pair)) + pair
                 state.consumed_valid_samples += self.plan.eval_global
         self.config.timers = timers
+        rerun_engine.set_mode(rerun_mode)
         for chunk in self.model:
             chunk.train()
         results = {}

@@ -4,6 +4,10 @@
     step's microbatches -> loss reports reduced to global token means -> optimizer step (gradient norm,
     clipping, the bad-step veto, the update) -> scheduler step by the samples trained
 
+With --rerun-mode validate_results the re-run engine (megatron/core/rerun_state_machine.py) may have the
+forward and backward passes run again on the same data before the update, or stop the run (RerunExit)
+before it.
+
 `run_train_step` takes everything explicitly (the Trainer calls it); `train_step` is Megatron-LM's name for
 code outside the Trainer, taking the arguments, the layout and the current batch from the process-wide state.
 """
@@ -19,12 +23,22 @@ from megatron.core.num_microbatches_calculator import (
     get_num_microbatches,
 )
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.transformer.moe.moe_utils import set_aux_loss_scale
 from megatron.training.batch_plan import StepBatch
 from megatron.training.global_vars import get_args
 from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.profiling import empty_unused_memory
+
+
+class RerunExit(Exception):
+    """The re-run engine stops the run before the iteration's update: `exit_code` (Megatron-LM's 16 or 17),
+    and whether a checkpoint of the state before the iteration is to be saved first."""
+
+    def __init__(self, exit_code: int, save_checkpoint: bool):
+        super().__init__(f"the re-run engine stops the run with exit code {exit_code}")
+        self.exit_code, self.save_checkpoint = exit_code, save_checkpoint
 
 
 def run_train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config, args,
@@ -35,21 +49,27 @@ def run_train_step(forward_step_func, data_iterator, model, optimizer, opt_param
 
     `bad_step_guard` (bad_step.py) may veto the update (skipped, grad norm NaN when something was
     non-finite) or raise BadStepStop. `forward_backward_func` defaults to the schedule of the parallel
-    layout (the loop passes it wrapped in a full-iteration CUDA graph with --cuda-graph-impl full_iteration)."""
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    set_aux_loss_scale(config, batch.num_microbatches)
-    losses = (forward_backward_func or get_forward_backward_func())(
-        forward_step_func=forward_step_func,
-        data_iterator=data_iterator,
-        model=model,
-        num_microbatches=batch.num_microbatches,
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
-        decoder_seq_length=args.decoder_seq_length,
-        forward_only=False,
-    )
+    layout (the loop passes it wrapped in a full-iteration CUDA graph with --cuda-graph-impl full_iteration).
+    Raises RerunExit when the re-run engine stops the run (the update is not applied)."""
+    rerun_engine = get_rerun_state_machine()
+    while rerun_engine.should_run_forward_backward(data_iterator):
+        for chunk in model:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        set_aux_loss_scale(config, batch.num_microbatches)
+        losses = (forward_backward_func or get_forward_backward_func())(
+            forward_step_func=forward_step_func,
+            data_iterator=data_iterator,
+            model=model,
+            num_microbatches=batch.num_microbatches,
+            seq_length=args.seq_length,
+            micro_batch_size=args.micro_batch_size,
+            decoder_seq_length=args.decoder_seq_length,
+            forward_only=False,
+        )
+    save_checkpoint, stop, exit_code = rerun_engine.should_checkpoint_and_exit()
+    if stop:
+        raise RerunExit(exit_code, save_checkpoint)
     empty_unused_memory(args, level=1)
     loss_dict = reduce_loss_reports(losses, layout)
     increment = batch.running_global_batch_size

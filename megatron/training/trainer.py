@@ -11,9 +11,10 @@ What a Trainer owns, and who makes it:
     model, optimizer, opt_param_scheduler   built by `build_model_and_optimizer`, resumed from --load
     data                DataIterators, built by `build_data_iterators` (data_iterators.py)
     evaluator           the validation and test passes (evaluation.py)
-    during `train`:     the bad-step guard (bad_step.py), the console/TensorBoard logger (training_log.py), the
-                        progress file (progress.py), profiler and garbage-collection hooks (profiling.py) and
-                        the save/exit decisions (exit_conditions.py)
+    during `train`:     the re-run engine (rerun_engine.py), the bad-step guard (bad_step.py), the
+                        console/TensorBoard logger (training_log.py), the progress file (progress.py), profiler
+                        and garbage-collection hooks (profiling.py) and the save/exit decisions
+                        (exit_conditions.py)
 
 `pretrain()` (training.py) builds one after `initialize_megatron` and calls `run`. Code written against
 Megatron-LM reads the run's counters and derived values from `get_args()` (`args.iteration`: the iteration
@@ -32,6 +33,7 @@ from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.pipeline_parallel.schedules import get_model_config
+from megatron.core.rerun_state_machine import destroy_rerun_state_machine
 from megatron.training.arguments import optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
 from megatron.training.banner import print_startup_banner
@@ -50,7 +52,8 @@ from megatron.training.model_chunks import get_model
 from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.profiling import LoopInstrumentation, start_memory_history
 from megatron.training.progress import ProgressLog
-from megatron.training.step import learning_rates, run_train_step
+from megatron.training.rerun_engine import replayable, start_rerun_engine, validates_results
+from megatron.training.step import RerunExit, learning_rates, run_train_step
 from megatron.training.train_schedule import TrainingSchedule
 from megatron.training.train_state import TrainState
 from megatron.training.training_log import TrainingLogger, num_floating_point_operations
@@ -158,14 +161,18 @@ class Trainer:
 
     def train(self) -> int | None:
         """The loop up to the schedule's last iteration; returns the exit code of a run that stops early
-        (exit flags, a signal, a bad step), None when it ran to its end."""
+        (exit flags, a signal, a bad step, the re-run engine), None when it ran to its end."""
         args = self.args
         self._prepare_loop()
         self.timers("interval-time", log_level=0).start(barrier=True)
         try:
             while self.state.iteration < self.schedule.train_iters:
                 try:
-                    exit_code = self._train_iteration()
+                    try:
+                        exit_code = self._train_iteration()
+                    except RerunExit as stop:
+                        self.bad_step_guard.resolve()  # a verdict on the step before, still on the device, first
+                        return self._stop_for_rerun_engine(stop)
                 except BadStepStop as stop:
                     self._rewind(stop.iteration)
                     return stop_on_bad_step(stop, self.save if args.save else None)
@@ -174,6 +181,20 @@ class Trainer:
             return None
         finally:
             self.instrumentation.finish()
+            destroy_rerun_state_machine()
+
+    def _stop_for_rerun_engine(self, stop: RerunExit) -> int:
+        """The engine's exit before the update of iteration `state.iteration + 1`; the checkpoint it asks for
+        is of the state after `state.iteration` (Megatron's)."""
+        if stop.save_checkpoint:
+            if self.args.save:
+                self.save()
+            else:
+                print_rank_0("WARNING: the re-run engine asks for a checkpoint to re-run the iteration from, but "
+                             "no --save directory was given")
+            print_rank_0(f"note: a job resumed from this checkpoint re-runs iteration {self.state.iteration + 1} "
+                         "as a new one: Megatron-LM's diagnosis by a re-run on another GPU is not supported yet")
+        return stop.exit_code
 
     def _prepare_loop(self) -> None:
         """The model in training mode, the schedule's hooks in its config, and the loop's helpers."""
@@ -184,6 +205,9 @@ class Trainer:
         config.timers = self.timers
         config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
         self.exit_conditions = ExitConditions(args, self.start_time, self.layout.device)
+        start_rerun_engine(args, self.state.iteration)
+        if validates_results(args):
+            self.data.train = replayable(self.data.train)
         self.bad_step_guard = BadStepGuard(args, self.state.iteration, self.layout, optimizer,
                                            self.opt_param_scheduler)
         config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)

@@ -42,10 +42,11 @@ UNSUPPORTED = (
     Unsupported("--fp4-recipe", "FP4 training is not supported yet"),
     Unsupported("--fp32-residual-connection", "keeping the residual stream in fp32 is not supported yet"),
     Unsupported("--optimizer-cpu-offload", "keeping the optimizer state on the host is not supported yet"),
-    Unsupported("--error-injection-rate", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
-                                          "not built here"),
-    Unsupported("--error-injection-type", "Megatron-LM's re-run engine, whose validations it injects errors into, is "
-                                          "not built here"),
+    Unsupported("--error-injection-type", "injecting a correct result needs Megatron-LM's second re-run on another "
+                                          "GPU, which is not supported yet", ("correct_result",)),
+    Unsupported("--rerun-mode", "the re-run engine's determinism statistics are not supported yet (and Megatron-LM "
+                                "itself stops on this value, its engine naming the mode report_determinism_stats)",
+                ("report_stats",)),
     Unsupported("--multiple-validation-sets", "evaluating each validation dataset separately is not supported yet"),
     Unsupported("--moe-router-load-balancing-type", "is not supported yet; use aux_loss, seq_aux_loss, sinkhorn or "
                                                     "none", ("global_aux_loss", "quantile_balancing")),

@@ -37,6 +37,7 @@ def check_cuda_graph(args, problems: list) -> None:
             args.recompute_granularity is not None,
         "--rampup-batch-size (the number of micro batches changes)": args.rampup_batch_size is not None,
         "--step-batch-size-schedule (the number of micro batches changes)": args.step_batch_size_schedule is not None,
+        "--rerun-mode validate_results (the loss is validated on the host)": args.rerun_mode == "validate_results",
     }
     for reason, applies in reasons.items():
         if applies:

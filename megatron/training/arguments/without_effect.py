@@ -79,9 +79,6 @@ WITHOUT_EFFECT = (
                                                    "here (the distributed optimizer's checkpoint gathers and "
                                                    "background saves use them)"),
     WithoutEffect("--use-transformer-engine-op-fuser", f"{_SPEED_ONLY}; Transformer Engine is not used here"),
-    WithoutEffect("--rerun-mode", "Megatron-LM's re-run engine (re-running a step with a NaN or spiky loss) is not "
-                                  "built here; --check-for-nan-in-loss-and-grad and --bad-step-policy stop or skip "
-                                  "such a step", values=("validate_results", "report_stats")),
     WithoutEffect("--fp8-interval", "Transformer Engine ignores it since v1.8, and so does Megatron-LM"),
     # Megatron-LM's default: printed for every run that keeps it.
     WithoutEffect("--transformer-impl", transformer_impl_note(), values=("transformer_engine",)),

@@ -26,6 +26,7 @@ from megatron.training.checkpointing.rng import set_rng_state
 from megatron.training.checkpointing.state_dict import load_model_state
 from megatron.training.console import print_rank_0
 from megatron.training.global_vars import get_args
+from megatron.training.rerun_engine import note_pending_rerun
 from megatron.training.run_summary import record_loaded_checkpoint
 from megatron.training.train_state import TrainState, checkpoint_iteration
 
@@ -116,6 +117,7 @@ def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load
             print_rank_0("could not find arguments in the checkpoint ...")
     state = TrainState.from_checkpoint(state_dict, iteration, BatchPlan.from_args(args),
                                        restore_counters=not args.finetune)
+    note_pending_rerun(state_dict, iteration)
 
     load_optimizer = not (release or args.finetune or args.no_load_optim)
     load_rng = not (release or args.finetune or args.no_load_rng)

@@ -1,7 +1,8 @@
 """Flags for surviving faults and checking a run before it starts: bad steps (non-finite values, loss
 spikes), resuming from the latest complete checkpoint, and the dry run.
 
-Megatron's names where Megatron has the flag (--check-for-nan-in-loss-and-grad, --check-for-spiky-loss);
+Megatron's names where Megatron has the flag (--check-for-nan-in-loss-and-grad, --check-for-spiky-loss, the
+re-run engine's --rerun-mode, --error-injection-rate, --error-injection-type);
 the others are this project's, documented in the README's flag section.
 """
 
@@ -46,16 +47,22 @@ class ResilienceConfig(Section):
     and the ranks."""
 
     rerun_mode: str | None = flag(None, choices=("disabled", "validate_results", "report_stats"))
-    """Megatron-LM's re-run engine (its default validate_results re-runs a step whose loss is NaN or
-    spiky to tell a transient fault from a persistent one). Not built here: --check-for-nan-in-loss-and-grad
-    and --bad-step-policy stop or skip such a step instead."""
+    """Megatron-LM's re-run engine. validate_results: a loss that is NaN or Inf
+    (--check-for-nan-in-loss-and-grad) or spiky (--check-for-spiky-loss: 10 x the largest of the rank's first
+    100 losses) has its iteration re-run on the same data and random state before the update; a different
+    result is a transient fault (exit 17 for NaN/Inf, training goes on for a spike), the same result saves a
+    checkpoint of the state before the iteration and exits with 16 (NaN/Inf) or goes on (spike); gradients stay
+    with the bad-step checks. disabled, or not given (unlike Megatron-LM, whose default is validate_results):
+    no re-runs, --bad-step-policy handles bad steps. report_stats is not supported yet."""
 
     error_injection_rate: int = 0
-    """Megatron-LM's re-run engine: inject a wrong result once every this many validations (tests)."""
+    """Inject an unexpected result once every this many validations of the re-run engine (tests of the engine;
+    needs --rerun-mode validate_results; 0: never)."""
 
     error_injection_type: str = flag("transient_error",
                                      choices=("correct_result", "transient_error", "persistent_error"))
-    """Megatron-LM's re-run engine: the kind of error --error-injection-rate injects."""
+    """The kind of error --error-injection-rate injects: transient_error (the re-run differs) or
+    persistent_error (the re-run reproduces it); correct_result is not supported yet."""
 
     test_mode: bool = False
     """Check in every self-attention forward that the QK norms' params are identical on all data-parallel and
@@ -79,6 +86,16 @@ class ResilienceConfig(Section):
         interval = self.check_weight_hash_across_dp_replicas_interval
         if interval is not None and interval < 1:
             problems.append(f"--check-weight-hash-across-dp-replicas-interval {interval} must be positive")
+        if self.error_injection_rate < 0:
+            problems.append(f"--error-injection-rate {self.error_injection_rate} must be >= 0")
+        elif self.error_injection_rate > 0 and self.rerun_mode != "validate_results":
+            problems.append(f"--error-injection-rate {self.error_injection_rate} injects errors into the re-run "
+                            "engine's validations, which only run with --rerun-mode validate_results (Megatron-LM's "
+                            f"default; here it must be given), not with --rerun-mode {self.rerun_mode}")
+        if self.rerun_mode == "validate_results" and (self.spiky_loss_factor != 10.0 or self.spiky_loss_window != 10):
+            problems.append("--spiky-loss-factor and --spiky-loss-window set the bad-step spike check, which "
+                            "--rerun-mode validate_results replaces by Megatron-LM's (10 x the largest of a rank's "
+                            "first 100 losses)")
         if self.bad_step_skip_budget < 0:
             problems.append(f"--bad-step-skip-budget {self.bad_step_skip_budget} must be >= 0")
         return problems

@@ -19,6 +19,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
 )
+from megatron.core.rerun_state_machine import RerunMode, get_rerun_state_machine
 from megatron.core.transformer.context_parallel import get_batch_on_this_cp_rank
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_tp_rank
@@ -95,10 +96,14 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     schedule divides by that count and DDP averages the gradients over DP x CP, which gives the gradient of
     the token mean over the whole sequences (exact also when the CP ranks hold different numbers of loss
     tokens). The report keeps this rank's own sums; training sums reports over DP x CP.
+
+    While the re-run engine validates results (--rerun-mode validate_results), this rank's loss sum is
+    validated as in Megatron's pretrain_gpt (`validate_loss`).
     """
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(losses * mask)
+    validate_loss(loss_sum)
     num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach(), num_tokens.detach().float()])
     cp_size = parallel_state.get_context_parallel_world_size()
@@ -107,6 +112,26 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
         dist.all_reduce(num_tokens, group=parallel_state.get_context_parallel_group())
         loss_sum = loss_sum * cp_size
     return loss_sum, num_tokens, {"lm loss": report}
+
+
+# A loss this many times the largest of a rank's first 100 losses is a spike (Megatron's pretrain_gpt).
+SPIKY_LOSS_FACTOR = 10
+
+
+def validate_loss(loss: torch.Tensor) -> None:
+    """This rank's microbatch loss through the re-run engine, when it validates results: NaN and Inf (with
+    --check-for-nan-in-loss-and-grad; fatal, the forward pass being deterministic: no tolerance), spikes
+    (with --check-for-spiky-loss; not fatal)."""
+    engine = get_rerun_state_machine()
+    if engine.get_mode() != RerunMode.VALIDATE_RESULTS:
+        return
+    args = get_args()
+    if args.check_for_nan_in_loss_and_grad:
+        engine.validate_result(loss, torch.isnan, "found NaN in local forward loss calculation", fatal=True)
+        engine.validate_result(loss, torch.isinf, "found Inf in local forward loss calculation", fatal=True)
+    if args.check_for_spiky_loss:
+        engine.validate_result(loss, partial(engine.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR,
+                                             context="loss"), "Spiky loss", fatal=False)
 
 
 def forward_step(data_iterator, model):

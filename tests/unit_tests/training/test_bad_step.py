@@ -21,7 +21,7 @@ from tests.unit_tests.dist_utils import run_distributed
 def _args(**overrides):
     settings = dict(check_for_nan_in_loss_and_grad=True, check_for_spiky_loss=False, bad_step_policy="stop",
                     bad_step_skip_budget=1, spiky_loss_factor=2.0, spiky_loss_window=3, overlap_grad_reduce=False,
-                    cuda_graph_impl="none")
+                    cuda_graph_impl="none", rerun_mode=None)
     settings.update(overrides)
     return SimpleNamespace(**settings)
 

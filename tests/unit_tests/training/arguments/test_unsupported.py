@@ -32,6 +32,13 @@ TE = is_transformer_engine_available()
     (["--transformer-impl", "inference_optimized"], "--transformer-impl inference_optimized: is not supported yet"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: is not supported yet"),
     (["--optimizer", "lion"], "--optimizer lion: is not supported yet; use adam, sgd or muon"),
+    (["--rerun-mode", "report_stats"], "--rerun-mode report_stats: the re-run engine's determinism statistics are "
+                                       "not supported yet"),
+    (["--rerun-mode", "validate_results", "--error-injection-type", "correct_result"],
+     "--error-injection-type correct_result: injecting a correct result needs Megatron-LM's second re-run"),
+    (["--error-injection-rate", "10"], "--error-injection-rate 10 injects errors into the re-run engine's "
+                                       "validations, which only run with --rerun-mode validate_results"),
+    (["--rerun-mode", "disabled", "--error-injection-rate", "10"], "not with --rerun-mode disabled"),
 ])
 def test_refused_with_a_message(problems, monkeypatch, flags, expected):
     monkeypatch.setenv("WORLD_SIZE", "2")
