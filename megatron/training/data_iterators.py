@@ -17,6 +17,7 @@ from megatron.training.console import print_rank_0
 from megatron.training.datasets.data_samplers import build_pretraining_data_loader
 from megatron.training.global_vars import get_args
 from megatron.training.parallel_layout import ParallelLayout
+from megatron.training.run_callbacks import bind_args
 from megatron.training.train_state import TrainState
 
 
@@ -58,7 +59,9 @@ def _iterator(loader, dataloader_type: str):
 
 def build_data_iterators(provider, args, plan: BatchPlan, layout: ParallelLayout, state: TrainState,
                          train_iters: int) -> DataIterators:
-    """Builds the datasets with `provider(sizes)` and their iterators (module docstring). Collective."""
+    """Builds the datasets with `provider(sizes)` (with `args` bound, if it takes them: run_callbacks.py) and
+    their iterators (module docstring). Collective."""
+    provider = bind_args(provider, args)
     loaders = [None, None, None]
     print_rank_0("> building train, validation, and test datasets ...")
     if getattr(provider, "is_distributed", False) or layout.tensor_parallel_rank == 0:
@@ -85,9 +88,10 @@ def build_data_iterators(provider, args, plan: BatchPlan, layout: ParallelLayout
 
 
 def build_train_valid_test_data_iterators(provider):
-    """Megatron-LM's name, for code outside the Trainer: the iterators of the run set up by
-    `initialize_megatron` (and `setup_model_and_optimizer`, for a resumed run's counters), as a tuple; sets
-    `args.do_train`, `args.do_valid` and `args.do_test` as Megatron-LM does."""
+    """Megatron-LM's name and signature, for code outside the Trainer (a compatibility entry point: the
+    arguments are the run's `get_args()`): the iterators of the run set up by `initialize_megatron` (and
+    `setup_model_and_optimizer`, for a resumed run's counters), as a tuple; sets `args.do_train`,
+    `args.do_valid` and `args.do_test` as Megatron-LM does."""
     args = get_args()
     state = TrainState()
     state.load_state_dict({name: getattr(args, name, 0) for name in state.state_dict()})

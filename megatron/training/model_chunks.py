@@ -19,15 +19,18 @@ from megatron.core.transformer.module import Float16Module
 from megatron.training.arguments import ddp_config_from_args
 from megatron.training.global_vars import get_args
 from megatron.training.parallel_layout import ParallelLayout
+from megatron.training.run_callbacks import bind_args
 
 
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True, args=None,
               layout: ParallelLayout | None = None) -> list:
     """Builds this rank's model chunks, one per virtual pipeline stage (one without virtual stages):
-    provider -> device -> Float16Module (fp16/bf16) -> DDP (or FSDP). `args` and `layout` default to the run's
-    (`get_args()`, `parallel_state`)."""
+    provider -> device -> Float16Module (fp16/bf16) -> DDP (or FSDP). The framework passes `args` and `layout`;
+    without them (Megatron-LM's signature, a compatibility entry point) they are the run's `get_args()` and
+    `parallel_state`'s. A provider that takes the arguments (run_callbacks.py) gets `args` bound."""
     args = args if args is not None else get_args()
     layout = layout if layout is not None else ParallelLayout.from_parallel_state()
+    model_provider_func = bind_args(model_provider_func, args)
     takes_vp_stage = "vp_stage" in inspect.signature(model_provider_func).parameters
     num_chunks = layout.num_model_chunks
     if num_chunks > 1 and not takes_vp_stage:

@@ -8,8 +8,9 @@ With --rerun-mode validate_results the re-run engine (megatron/core/rerun_state_
 forward and backward passes run again on the same data before the update, or stop the run (RerunExit)
 before it.
 
-`run_train_step` takes everything explicitly (the Trainer calls it); `train_step` is Megatron-LM's name for
-code outside the Trainer, taking the arguments, the layout and the current batch from the process-wide state.
+`run_train_step` takes everything explicitly (the Trainer calls it); `train_step` is Megatron-LM's name and
+signature for code outside the Trainer (a compatibility entry point), taking the arguments (`get_args()`), the
+layout and the current batch from the process-wide state.
 """
 
 from functools import partial
@@ -30,6 +31,7 @@ from megatron.training.global_vars import get_args
 from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.pipeline_loss import broadcast_from_last_stage
 from megatron.training.profiling import empty_unused_memory
+from megatron.training.run_callbacks import bind_args
 
 
 class RerunExit(Exception):
@@ -89,11 +91,13 @@ def run_train_step(forward_step_func, data_iterator, model, optimizer, opt_param
 
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config,
                forward_backward_func=None):
-    """Megatron-LM's `train_step` (module docstring); returns what `run_train_step` returns."""
+    """Megatron-LM's `train_step`, a compatibility entry point (module docstring); returns what
+    `run_train_step` returns."""
+    args = get_args()
     batch = StepBatch(get_current_global_batch_size(), get_current_running_global_batch_size(),
                       get_num_microbatches())
-    return run_train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config,
-                          get_args(), batch, ParallelLayout.from_parallel_state(),
+    return run_train_step(bind_args(forward_step_func, args), data_iterator, model, optimizer, opt_param_scheduler,
+                          config, args, batch, ParallelLayout.from_parallel_state(),
                           forward_backward_func=forward_backward_func)
 
 

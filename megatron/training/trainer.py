@@ -53,6 +53,7 @@ from megatron.training.parallel_layout import ParallelLayout
 from megatron.training.profiling import LoopInstrumentation, start_memory_history
 from megatron.training.progress import ProgressLog
 from megatron.training.rerun_engine import replayable, start_rerun_engine, validates_results
+from megatron.training.run_callbacks import bind_args
 from megatron.training.step import RerunExit, learning_rates, run_train_step
 from megatron.training.train_schedule import TrainingSchedule
 from megatron.training.train_state import TrainState
@@ -65,10 +66,12 @@ class Trainer:
 
     def __init__(self, args, forward_step_func=None, start_time: float | None = None):
         """`args`: validated, after `initialize_megatron` (the process groups, timers and writers exist).
-        `forward_step_func(data_iterator, model)`: Megatron's forward step (needed to train and evaluate).
+        `forward_step_func(data_iterator, model)`: Megatron's forward step (needed to train and evaluate); the
+        Trainer binds `args` into the callbacks that take them (run_callbacks.py), here and where it builds the
+        model and the data.
         `start_time`: when the job started (for --exit-duration-in-mins and the start-up time line)."""
         self.args = args
-        self.forward_step_func = forward_step_func
+        self.forward_step_func = bind_args(forward_step_func, args)
         self.start_time = time.time() if start_time is None else start_time
         self.timers = get_timers()
         self.writer, self.wandb_writer = get_tensorboard_writer(), get_wandb_writer()

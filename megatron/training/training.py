@@ -7,8 +7,10 @@ parse and validate the command line -> checks before the model (preflight.py; `-
 model, optimizer, scheduler (and resumes), builds the data iterators, trains, saves, validates and tests ->
 the process groups are freed -> the run's summary line.
 
-Also here, under Megatron-LM's names, for code that drives the pieces itself: `get_model`,
-`setup_model_and_optimizer`, `get_optimizer_param_scheduler` and `train_step`.
+Also here, under Megatron-LM's names and signatures, for code that drives the pieces itself: `get_model`,
+`setup_model_and_optimizer`, `get_optimizer_param_scheduler` and `train_step`. Having no parameter for the
+arguments, they read the run's `get_args()` (compatibility entry points; the framework itself passes the
+arguments explicitly, to the Trainer).
 """
 
 import gc
@@ -101,8 +103,9 @@ def _shut_down() -> None:
 
 
 def get_optimizer_param_scheduler(optimizer):
-    """Megatron-LM's name: the LR/WD scheduler of the run set up by `initialize_megatron`, its lengths in
-    samples (train_schedule.py); writes the derived `args.train_iters` etc. as Megatron-LM does."""
+    """Megatron-LM's name (a compatibility entry point: the arguments are the run's `get_args()`): the LR/WD
+    scheduler of the run set up by `initialize_megatron`, its lengths in samples (train_schedule.py); writes the
+    derived `args.train_iters` etc. as Megatron-LM does."""
     args = get_args()
     schedule = TrainingSchedule.from_args(args, BatchPlan.from_args(args))
     schedule.publish(args)
@@ -110,9 +113,10 @@ def get_optimizer_param_scheduler(optimizer):
 
 
 def setup_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond=None, scale_lr_cond=None, lr_mult=1.0):
-    """Megatron-LM's name: model chunks, optimizer and scheduler of the run set up by `initialize_megatron`,
-    resumed from --load (or --pretrained-checkpoint), with `args.iteration`, the consumed-sample counters and
-    the derived lengths written into `get_args()` as Megatron-LM does."""
+    """Megatron-LM's name (a compatibility entry point: the arguments are the run's `get_args()`): model
+    chunks, optimizer and scheduler of the run set up by `initialize_megatron`, resumed from --load (or
+    --pretrained-checkpoint), with `args.iteration`, the consumed-sample counters and the derived lengths
+    written into those arguments as Megatron-LM does."""
     trainer = Trainer(get_args())
     trainer.build_model_and_optimizer(model_provider_func, model_type, no_wd_decay_cond, scale_lr_cond, lr_mult)
     return trainer.model, trainer.optimizer, trainer.opt_param_scheduler

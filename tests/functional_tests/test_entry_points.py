@@ -1,6 +1,7 @@
 """The entry points as a user starts them: a user error is one `error:` line and exit status 1 before the
 model is built (once per job under torchrun), a run ends with its summary line, `--load` of an iteration
-directory resumes from it, and the save directory is locked only while its run lives."""
+directory resumes from it, the save directory is locked only while its run lives, and a run (training,
+evaluation, save, resume) never reads `get_args()`."""
 
 import os
 import re
@@ -60,3 +61,13 @@ def test_run_ends_with_its_summary_and_load_of_an_iteration_directory_resumes_it
     assert re.fullmatch(rf"run summary: trained 1 iterations \(1 -> 2\), 16 tokens in \d+:\d\d:\d\d; started from "
                         rf"checkpoint {tmp_path / 'a' / 'iter_0000001'} \(iteration 1\); last checkpoint: "
                         rf"{tmp_path / 'b' / 'iter_0000002'}", summary), summary
+
+
+def test_a_run_and_its_resume_never_read_get_args(tmp_path):
+    """`get_args()` raises in these runs (no_global_args_entry.py): the framework passes the arguments itself."""
+    flags = [*TINY, "--eval-iters", "1", "--eval-interval", "1", "--lr-decay-iters", "2", "--save", str(tmp_path),
+             "--save-interval", "1"]
+    entry = os.path.join("tests", "functional_tests", "no_global_args_entry.py")
+    run(entry, ["pretrain_gpt.py", *flags, "--train-iters", "1"], env=CPU)
+    resumed = run(entry, ["pretrain_gpt.py", *flags, "--load", str(tmp_path)], env=CPU)
+    assert re.search(r"iteration\s+2/\s+2 \|", resumed.stdout) and "validation loss at iteration 2" in resumed.stdout

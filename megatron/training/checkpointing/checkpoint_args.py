@@ -46,7 +46,8 @@ def check_checkpoint_args(checkpoint_args, args=None, checkpoint_version=3.0, ch
     check_parallel_sizes, the TP, PP, EP and expert TP sizes, which a torch-format checkpoint is tied to
     (checkpoints before version 3.0 recorded TP as `model_parallel_size` and no PP; torch_dist checkpoints
     reshard).
-    Arguments the checkpoint did not record are not compared.
+    Arguments the checkpoint did not record are not compared. `args`: this run's; without them (Megatron-LM's
+    signature, a compatibility entry point) the run's `get_args()`.
     """
     args = args if args is not None else get_args()
     names = ["num_layers", "hidden_size", "num_attention_heads"]

@@ -76,8 +76,9 @@ def load_checkpoint(model, optimizer, opt_param_scheduler, load_arg="load", stri
     (`args.consumed_train_samples`, ...) and the microbatch calculator moved to them, as Megatron does;
     returns (iteration, num_floating_point_operations_so_far), (0, 0) when there was nothing to load.
 
-    `checkpointing_context` is accepted for Megatron's signature (a torch-format load keeps none); `args`
-    defaults to `get_args()`.
+    `checkpointing_context` is accepted for Megatron's signature (a torch-format load keeps none). The
+    framework calls `load_train_state` with its arguments; `args` here defaults to the run's `get_args()`
+    (Megatron-LM's signature, a compatibility entry point).
     """
     args = args if args is not None else get_args()
     state = load_train_state(model, optimizer, opt_param_scheduler, args, load_arg, strict)

@@ -68,7 +68,8 @@ def save_checkpoint(
     that write the checkpoint of another rank (checkpoint conversion); by default they come from
     `parallel_state`. `checkpointing_context` and `train_data_iterator` are accepted for Megatron's
     signature: a torch-format save keeps no context, and the built-in data loader resumes from
-    `args.consumed_train_samples`. `args` defaults to `get_args()`.
+    `args.consumed_train_samples`. The framework passes `args`; without it (Megatron-LM's signature, a
+    compatibility entry point) they are the run's `get_args()`.
     """
     args = args if args is not None else get_args()
     require_supported_format(args.ckpt_format)

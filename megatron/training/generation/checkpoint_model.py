@@ -110,8 +110,9 @@ def load_model_for_inference(
 
     The latest checkpoint (tracker file) unless `ckpt_step` names an iteration. `tokenizer_files` maps
     `vocab_file` / `merge_file` / `tokenizer_model` to paths that replace the recorded ones. The weights
-    keep the dtype they were trained in. The arguments and tokenizer become the run-wide ones
-    (`get_args()`, `get_tokenizer()`), as for a training run.
+    keep the dtype they were trained in. The model is built from the checkpoint's arguments, which, with the
+    tokenizer, also become the run-wide ones (`get_args()`, `get_tokenizer()`) as for a training run, for
+    code written against Megatron-LM.
     """
     device = resolve_device(device)
     state_dict, checkpoint_name = _read_checkpoint(load_dir, ckpt_step)
@@ -131,7 +132,7 @@ def load_model_for_inference(
         torch.cuda.set_device(device)
     global_vars.set_args(args)
     global_vars.set_tokenizer(tokenizer)
-    model = model_provider()
+    model = model_provider.bind(args)()
     if sharded:
         _load_sharded_weights(model, checkpoint_name)
     else:

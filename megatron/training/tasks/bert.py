@@ -20,7 +20,8 @@ from megatron.core.models.bert import BertModel
 from megatron.core.models.bert.bert_layer_specs import get_bert_layer_local_spec
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.console import print_rank_0
-from megatron.training.global_vars import get_args, get_timers
+from megatron.training.global_vars import get_timers
+from megatron.training.run_callbacks import RunCallback
 from megatron.training.tasks.masked_wordpiece import (
     build_masked_datasets,
     check_layer_spec_flag,
@@ -32,10 +33,10 @@ from megatron.training.tasks.masked_wordpiece import (
 BATCH_KEYS = ("text", "types", "labels", "is_random", "loss_mask", "padding_mask")
 
 
-def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> BertModel:
+@RunCallback
+def model_provider(args, pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> BertModel:
     """The BERT of the command line's shape (Megatron-Core's `BertModel`; token types and the binary head
     unless `--bert-no-binary-head`)."""
-    args = get_args()
     check_layer_spec_flag(args, "BERT")
     refuse_pipeline_parallelism(args, "BERT")
     if args.calculate_per_token_loss:
@@ -94,9 +95,10 @@ def loss_func(loss_mask: torch.Tensor, sentence_order: torch.Tensor, output_tens
     return loss, report
 
 
-def forward_step(data_iterator, model):
+@RunCallback
+def forward_step(args, data_iterator, model):
     """Megatron's BERT forward step: the model returns (per-token MLM losses, SOP logits)."""
-    args, timers = get_args(), get_timers()
+    timers = get_timers()
     timers("batch-generator", log_level=2).start()
     tokens, types, sentence_order, loss_mask, lm_labels, padding_mask = get_batch(data_iterator)
     timers("batch-generator").stop()
@@ -117,9 +119,10 @@ def core_bert_dataset_config_from_args(args) -> BERTMaskedWordPieceDatasetConfig
     )
 
 
-def train_valid_test_datasets_provider(train_val_test_num_samples):
+@RunCallback
+def train_valid_test_datasets_provider(args, train_val_test_num_samples):
     """BERT datasets for the three splits, built on tensor-parallel rank 0."""
-    config = core_bert_dataset_config_from_args(get_args())
+    config = core_bert_dataset_config_from_args(args)
     return build_masked_datasets(BERTMaskedWordPieceDataset, train_val_test_num_samples, config, "BERT")
 
 

@@ -1,6 +1,7 @@
 """GPT pretraining pieces for `pretrain_gpt.py`: model provider, batch, loss, forward step, datasets.
 
 Kept importable (and unit-tested) instead of living in the entry script, which only wires them to `pretrain()`.
+The callbacks take the run's arguments first and keep Megatron's signatures once bound (run_callbacks.py).
 """
 
 from functools import partial
@@ -26,13 +27,15 @@ from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_
 from megatron.training.console import print_rank_0
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.datasets.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
-from megatron.training.global_vars import get_args, get_timers, get_tokenizer
+from megatron.training.global_vars import get_timers, get_tokenizer
+from megatron.training.run_callbacks import RunCallback
 
 
-def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> GPTModel:
+@RunCallback
+def model_provider(args, pre_process: bool = True, post_process: bool = True,
+                   vp_stage: int | None = None) -> GPTModel:
     """The GPT of the command line's shape (Megatron-Core's `GPTModel` with the local layer spec, which is
     also what --transformer-impl transformer_engine builds: validation says so in one line)."""
-    args = get_args()
     print_rank_0("building GPT model ...")
     config = core_transformer_config_from_args(args)
     spec_args = dict(num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
@@ -65,8 +68,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     )
 
 
-def get_batch(data_iterator):
-    """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device.
+def get_batch(data_iterator, reset_attention_mask: bool):
+    """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device; the
+    attention mask only with `reset_attention_mask` (--reset-attention-mask), None otherwise.
 
     TP rank 0 reads it and broadcasts it to the other ranks of its tensor-parallel group, which hold no
     data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism; with
@@ -78,7 +82,7 @@ def get_batch(data_iterator):
     ):
         return None, None, None, None, None
     keys = GPT_BATCH_KEYS
-    if not get_args().reset_attention_mask:
+    if not reset_attention_mask:
         # The mask is then the plain causal one, which attention applies by itself (and SDPA can then use
         # its flash kernels, which take no explicit mask): it is neither sent nor used.
         keys = tuple(key for key in GPT_BATCH_KEYS if key != "attention_mask")
@@ -88,7 +92,7 @@ def get_batch(data_iterator):
     return batch["tokens"], batch["labels"], batch["loss_mask"], batch.get("attention_mask"), batch["position_ids"]
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, args=None):
     """Per-token losses [b, s] -> (Σ loss·mask, Σ mask, {"lm loss": [Σ loss·mask, Σ mask]}).
 
     With context parallelism (CP = c) each rank holds 1/c of every sequence. As in Megatron's
@@ -98,12 +102,14 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     tokens). The report keeps this rank's own sums; training sums reports over DP x CP.
 
     While the re-run engine validates results (--rerun-mode validate_results), this rank's loss sum is
-    validated as in Megatron's pretrain_gpt (`validate_loss`).
+    validated as in Megatron's pretrain_gpt (`validate_loss`) by the checks the run's `args` ask for (the
+    forward step binds them; a caller without them validates nothing).
     """
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(losses * mask)
-    validate_loss(loss_sum)
+    if args is not None:
+        validate_loss(loss_sum, args)
     num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach(), num_tokens.detach().float()])
     cp_size = parallel_state.get_context_parallel_world_size()
@@ -118,14 +124,13 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 SPIKY_LOSS_FACTOR = 10
 
 
-def validate_loss(loss: torch.Tensor) -> None:
+def validate_loss(loss: torch.Tensor, args) -> None:
     """This rank's microbatch loss through the re-run engine, when it validates results: NaN and Inf (with
     --check-for-nan-in-loss-and-grad; fatal, the forward pass being deterministic: no tolerance), spikes
     (with --check-for-spiky-loss; not fatal)."""
     engine = get_rerun_state_machine()
     if engine.get_mode() != RerunMode.VALIDATE_RESULTS:
         return
-    args = get_args()
     if args.check_for_nan_in_loss_and_grad:
         engine.validate_result(loss, torch.isnan, "found NaN in local forward loss calculation", fatal=True)
         engine.validate_result(loss, torch.isinf, "found Inf in local forward loss calculation", fatal=True)
@@ -134,14 +139,15 @@ def validate_loss(loss: torch.Tensor) -> None:
                                              context="loss"), "Spiky loss", fatal=False)
 
 
-def forward_step(data_iterator, model):
+@RunCallback
+def forward_step(args, data_iterator, model):
     """Megatron's GPT forward step: the model returns per-token losses when given labels."""
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, args.reset_attention_mask)
     timers("batch-generator").stop()
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
-    return output_tensor, partial(loss_func, loss_mask)
+    return output_tensor, partial(loss_func, loss_mask, args=args)
 
 
 def is_dataset_built_on_rank() -> bool:
@@ -180,9 +186,9 @@ def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
     )
 
 
-def train_valid_test_datasets_provider(train_val_test_num_samples):
+@RunCallback
+def train_valid_test_datasets_provider(args, train_val_test_num_samples):
     """GPT (or mock) datasets for the three splits, built only where `is_dataset_built_on_rank`."""
-    args = get_args()
     config = core_gpt_dataset_config_from_args(args)
     dataset_type = MockGPTDataset if args.mock_data else GPTFIMDataset if args.fim_data else GPTDataset
     print_rank_0("> building train, validation, and test datasets for GPT ...")

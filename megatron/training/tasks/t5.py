@@ -18,7 +18,8 @@ from megatron.core.models.T5.t5_spec import (
 )
 from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.console import print_rank_0
-from megatron.training.global_vars import get_args, get_timers
+from megatron.training.global_vars import get_timers
+from megatron.training.run_callbacks import RunCallback
 from megatron.training.tasks.gpt import loss_func
 from megatron.training.tasks.masked_wordpiece import (
     build_masked_datasets,
@@ -31,11 +32,11 @@ from megatron.training.tasks.masked_wordpiece import (
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
 
 
-def model_provider(pre_process: bool = True, post_process: bool = True, add_encoder: bool = True,
+@RunCallback
+def model_provider(args, pre_process: bool = True, post_process: bool = True, add_encoder: bool = True,
                    add_decoder: bool = True) -> T5Model:
     """The T5 of the command line's shape: `--encoder-num-layers` (or `--num-layers`) encoder layers and
     `--decoder-num-layers` decoder layers (default: as many as the encoder)."""
-    args = get_args()
     check_layer_spec_flag(args, "T5")
     refuse_pipeline_parallelism(args, "T5")
     if args.decoder_seq_length is None:
@@ -120,9 +121,10 @@ def core_t5_dataset_config_from_args(args) -> T5MaskedWordPieceDatasetConfig:
     )
 
 
-def train_valid_test_datasets_provider(train_val_test_num_samples):
+@RunCallback
+def train_valid_test_datasets_provider(args, train_val_test_num_samples):
     """T5 datasets for the three splits, built on tensor-parallel rank 0."""
-    config = core_t5_dataset_config_from_args(get_args())
+    config = core_t5_dataset_config_from_args(args)
     return build_masked_datasets(T5MaskedWordPieceDataset, train_val_test_num_samples, config, "T5")
 
 
