@@ -12,8 +12,9 @@ is reused only after the copy); on the CPU into a separate host tensor. When bac
 back (the compute stream first waits for the offload to finish). The values are the same bits, so losses and
 gradients equal those of a run without offloading.
 
-Worth moving: at least `min_offloaded_tensor_size` elements, not a parameter or a view of one (they stay
-resident anyway), and not overlapping in memory (an expanded tensor would grow when copied).
+Worth moving: at least `min_offloaded_tensor_size` elements, and not a parameter or a view of one (they stay
+resident anyway). What is copied is the memory the tensor spans (a strided view's gaps too), so that the tensor
+comes back with its strides and backward runs the very same kernels.
 
 The modules (Megatron-Core's names; each is the boundary of one `with`):
     attn_norm    the attention's input norm          (TransformerLayer.input_layernorm)
@@ -133,40 +134,41 @@ class ActivationOffload:
     def _worth_offloading(self, tensor: torch.Tensor) -> bool:
         if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
             return False
-        if tensor.device.type not in ("cuda", "cpu") or tensor.numel() < max(self.min_numel, 1):
-            return False
-        return tensor.untyped_storage().nbytes() >= tensor.numel() * tensor.element_size()
+        return tensor.device.type in ("cuda", "cpu") and tensor.numel() >= max(self.min_numel, 1)
 
     def _pack(self, tensor: torch.Tensor):
+        """Copies the memory span the tensor covers (one contiguous copy, gaps of a strided view included) so
+        that the reloaded tensor has the same strides: backward kernels then run exactly as without offloading."""
         if not self._worth_offloading(tensor):
             return tensor
+        span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+        memory = tensor.as_strided((span,), (1,), tensor.storage_offset())
         event = None
         if tensor.is_cuda:
             stream = _offload_stream(tensor.device)
             stream.wait_stream(torch.cuda.current_stream(tensor.device))
-            host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+            host = torch.empty(span, dtype=tensor.dtype, pin_memory=True)
             with torch.cuda.stream(stream):
-                host.copy_(tensor, non_blocking=True)
+                host.copy_(memory, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(stream)
             tensor.record_stream(stream)
             self._last_event = event
         else:
-            host = torch.empty_like(tensor)
-            host.copy_(tensor)
+            host = memory.clone()
         self.offloaded += 1
-        self.offloaded_bytes += tensor.numel() * tensor.element_size()
-        return tensor.device, host, event
+        self.offloaded_bytes += span * tensor.element_size()
+        return tensor.device, host, tuple(tensor.shape), tensor.stride(), event
 
     def _unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        device, host, event = packed
+        device, host, shape, stride, event = packed
         self.reloaded += 1
-        if event is None:
-            return host
-        torch.cuda.current_stream(device).wait_event(event)
-        return host.to(device, non_blocking=True)
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
+            host = host.to(device, non_blocking=True)
+        return host.as_strided(shape, stride)
 
     def _limit_inflight(self) -> None:
         """With `max_inflight` N: after this forward call's offloads, the compute stream waits for all but the
