@@ -1,7 +1,7 @@
 """Fine-grained activation offloading (Megatron-Core's `fine_grained_activation_offloading`): the tensors that
 chosen submodules save for their backward pass wait in host memory instead of device memory.
 
-    with self.qkv_offload:                       # an ActivationOffload of "qkv_linear"
+    with self.qkv_offload.scope():               # an ActivationOffload of "qkv_linear"
         query, key, value = self.get_query_key_value_tensors(hidden_states)
 
 Inside the `with`, autograd's saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`) see every tensor
@@ -33,6 +33,7 @@ reloads the next group ahead of its backward; here each tensor is reloaded when 
 """
 
 import collections
+import contextlib
 
 import torch
 
@@ -101,7 +102,7 @@ def _offload_stream(device: torch.device) -> "torch.cuda.Stream":
 
 
 class ActivationOffload:
-    """Context manager that offloads what autograd saves inside it, for the module `name` (module docstring);
+    """Offloads what autograd saves inside `with offload.scope():`, for the module `name` (module docstring);
     does nothing when the config does not offload `name` (`enabled` False).
 
     Counts, for tests and logs: `offloaded` tensors and `offloaded_bytes` copied to the host, `reloaded`
@@ -116,20 +117,18 @@ class ActivationOffload:
         self.min_numel = config.min_offloaded_tensor_size
         self.max_inflight = config.fine_grained_offloading_max_inflight_offloads
         self.offloaded, self.offloaded_bytes, self.reloaded = 0, 0, 0
-        self._hooks, self._last_event, self._inflight = [], None, collections.deque()
+        self._last_event, self._inflight = None, collections.deque()
 
-    def __enter__(self) -> "ActivationOffload":
-        if self.enabled:
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            hooks.__enter__()
-            self._hooks.append(hooks)
-        return self
+    def scope(self):
+        """The context of one forward call of the module: the hooks when enabled, else a null context (which
+        torch.compile traces through)."""
+        return self._hooked() if self.enabled else contextlib.nullcontext()
 
-    def __exit__(self, *exc) -> bool:
-        if self.enabled:
-            self._hooks.pop().__exit__(*exc)
-            self._limit_inflight()
-        return False
+    @contextlib.contextmanager
+    def _hooked(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+        self._limit_inflight()
 
     def _worth_offloading(self, tensor: torch.Tensor) -> bool:
         if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):

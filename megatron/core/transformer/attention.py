@@ -194,20 +194,20 @@ class SelfAttention(MegatronModule):
     ):
         """With an `inference_context` (KV cache) the new keys/values join the cached ones and the queries
         attend over all of them; `rotary_pos_emb` must then hold the angles of the new positions."""
-        with self.qkv_offload:
+        with self.qkv_offload.scope():
             query, key, value, *gate = self.get_query_key_value_tensors(hidden_states, output_gate=self.output_gate)
         if rotary_pos_emb is not None:
             q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             rotate = fused_apply_rotary_pos_emb if self.config.apply_rope_fusion else apply_rotary_pos_emb
             query = rotate(query, q_pos_emb, config=self.config)
             key = rotate(key, k_pos_emb, config=self.config)
-        with self.core_attn_offload:
+        with self.core_attn_offload.scope():
             context = cached_core_attention(
                 self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context
             )
         if gate:
             context = (context * torch.sigmoid(gate[0].reshape(context.shape).float())).to(context.dtype)
-        with self.attn_proj_offload:
+        with self.attn_proj_offload.scope():
             return self.linear_proj(context)
 
 
@@ -351,13 +351,13 @@ class CrossAttention(MegatronModule):
         reject_unsupported(
             "CrossAttention", inference_context=inference_context is not None, rotary_pos_emb=rotary_pos_emb is not None
         )
-        with self.qkv_offload:
+        with self.qkv_offload.scope():
             query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
         core_args = (query, key, value, attention_mask, None, attention_bias, packed_seq_params)
-        with self.core_attn_offload:
+        with self.core_attn_offload.scope():
             if self.checkpoint_core_attention and self.training:
                 context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
             else:
                 context = self.core_attention(*core_args)
-        with self.attn_proj_offload:
+        with self.attn_proj_offload.scope():
             return self.linear_proj(context)

@@ -263,10 +263,10 @@ class MLASelfAttention(MegatronModule):
                              "does so for multi-latent attention)")
         recompute = self.recompute_up_projections and self.training and torch.is_grad_enabled() and (
             inference_context is None)
-        with self.qkv_offload:
+        with self.qkv_offload.scope():
             query, key, value, checkpoint = self._query_key_value(hidden_states, inference_context, recompute)
         pad = self.config.v_head_dim != self.q_head_dim
-        with self.core_attn_offload:
+        with self.core_attn_offload.scope():
             context = cached_core_attention(
                 self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
                 value_width=self.q_head_dim if pad else None,
@@ -276,5 +276,5 @@ class MLASelfAttention(MegatronModule):
         if pad:  # [s, b, n/p * (d_nope + d_rope)] -> [s, b, n/p * d_v]
             s, b = context.shape[:2]
             context = context.view(s, b, -1, self.q_head_dim)[..., : self.config.v_head_dim].reshape(s, b, -1)
-        with self.attn_proj_offload:
+        with self.attn_proj_offload.scope():
             return self.linear_proj(context)

@@ -117,7 +117,7 @@ class TransformerLayer(MegatronModule):
 
     def _forward(self, hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask):
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
-        with self.attn_norm_offload:
+        with self.attn_norm_offload.scope():
             normed, recompute = self._norm(self.input_layernorm, hidden_states)
         attention_output_with_bias = self.self_attention(
             normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
@@ -139,7 +139,7 @@ class TransformerLayer(MegatronModule):
             with self._hidden_dropout_rng():
                 hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
-        with self.mlp_norm_offload:
+        with self.mlp_norm_offload.scope():
             normed, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
         mlp_output_with_bias = self.mlp(normed)
         if recompute is not None:

@@ -187,11 +187,11 @@ class SequentialMLP(MegatronModule):
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         fc1 = [expert.linear_fc1 for expert in self.local_experts]
         fc2 = [expert.linear_fc2 for expert in self.local_experts]
-        with self.fc1_offload:
+        with self.fc1_offload.scope():
             intermediate = grouped_linear(rows, [linear.weight for linear in fc1], tokens_per_expert, False)
             if self.config.add_bias_linear:
                 intermediate = intermediate + _rows_of(fc1, tokens_per_expert)  # [N, f/etp]
-        with self.act_offload:
+        with self.act_offload.scope():
             activated = self.activation(intermediate)
         output = grouped_linear(activated, [linear.weight for linear in fc2], tokens_per_expert, False)
         if self.config.add_bias_linear:
@@ -238,10 +238,10 @@ class GroupedMLP(MegatronModule):
         self.fc1_offload, self.act_offload = ActivationOffload(config, "expert_fc1"), ActivationOffload(config, "moe_act")
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        with self.fc1_offload:
+        with self.fc1_offload.scope():
             intermediate = grouped_linear(rows, self.linear_fc1.weights(), tokens_per_expert, self.use_grouped_mm)
         recompute = None
-        with self.act_offload:
+        with self.act_offload.scope():
             if self.recompute_activation and self.training and torch.is_grad_enabled():
                 recompute = CheckpointWithoutOutput()
                 activated = recompute.checkpoint(self.activation, intermediate)
