@@ -12,8 +12,8 @@ is reused only after the copy); on the CPU into a separate host tensor. When bac
 back (the compute stream first waits for the offload to finish). The values are the same bits, so losses and
 gradients equal those of a run without offloading.
 
-Worth moving: at least `min_offloaded_tensor_size` elements, and not a parameter or a view of one (they stay
-resident anyway). What is copied is the memory the tensor spans (a strided view's gaps too), so that the tensor
+Worth moving: at least `min_offloaded_tensor_size` elements, not a parameter or a view of one (they stay
+resident anyway), and not saved during backward (a recompute, whose tensors are used at once). What is copied is the memory the tensor spans (a strided view's gaps too), so that the tensor
 comes back with its strides and backward runs the very same kernels.
 
 The modules (Megatron-Core's names; each is the boundary of one `with`):
@@ -131,6 +131,8 @@ class ActivationOffload:
         self._limit_inflight()
 
     def _worth_offloading(self, tensor: torch.Tensor) -> bool:
+        if torch._C._current_graph_task_id() != -1:  # a recompute inside backward: its tensors are used at once
+            return False
         if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
             return False
         return tensor.device.type in ("cuda", "cpu") and tensor.numel() >= max(self.min_numel, 1)

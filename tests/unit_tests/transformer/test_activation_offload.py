@@ -1,8 +1,8 @@
 """Fine-grained activation offloading (megatron/core/transformer/activation_offload.py): with every module
-offloaded (alone and with the selective recompute Megatron-LM's offloading test configurations use) the loss
-and every gradient are exactly those without offloading, and each named module's saved tensors really went
-through the hooks: copied out in forward, each copied back once in backward. On a GPU the copies are pinned
-host memory."""
+offloaded (alone, with the selective recompute Megatron-LM's offloading test configurations use, with full
+recompute) the loss and every gradient are exactly those without offloading, and each named module's saved
+tensors really went through the hooks: copied out in forward, each copied back once in backward. On a GPU the
+copies are pinned host memory."""
 
 import pytest
 import torch
@@ -57,6 +57,8 @@ def _offloads(model) -> dict:
 @pytest.mark.parametrize("model_name, recompute", [
     ("moe", {}),
     ("moe", RECOMPUTE),
+    # Full recompute: what the recomputed layer saves in backward is used at once, not offloaded again.
+    ("moe", dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
     ("mla_sequential_experts", {"recompute_granularity": "selective",
                                 "recompute_modules": ["layernorm", "mla_up_proj", "mlp"]}),
 ])
