@@ -130,7 +130,9 @@ class Trainer:
         self.model = get_model(model_provider, model_type, args=args, layout=self.layout)
         optimizer_config = optimizer_config_from_args(args)
         optimizer_config.timers = timers
-        self.optimizer = get_megatron_optimizer(optimizer_config, self.model, no_wd_decay_cond, scale_lr_cond, lr_mult)
+        model_config = get_model_config(self.model[0])
+        self.optimizer = get_megatron_optimizer(optimizer_config, self.model, no_wd_decay_cond, scale_lr_cond, lr_mult,
+                                                mup_width_mult=model_config.mup_width_mult if args.use_mup else None)
         self.schedule = TrainingSchedule.from_args(args, self.plan)
         self.schedule.publish(args)
         self.opt_param_scheduler = self.schedule.build_scheduler(self.optimizer, args)

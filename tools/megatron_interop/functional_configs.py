@@ -12,14 +12,16 @@ trains (MODE neither inference nor rl) and writes one entry per configuration:
                  head, heads the fewest the tensor-parallel split allows; sequence 64; micro-batch <= 2; 3
                  iterations; evaluation 1 iteration; 4+ experts), the data generated (--mock-data; the FIM
                  dataset reads the fixture corpus, split 90,5,5), a step batch-size schedule's batches in its
-                 ratios, stepping in the first iterations, the GPT-2 BPE of the fixtures, the paths
+                 ratios, stepping in the first iterations, offloading (--fine-grained-activation-offloading)
+                 of tensors of any size, the GPT-2 BPE of the fixtures, the paths
                  {scratch}/..., no loader workers. Every flag not listed in `changes` is as Megatron-LM's file
                  writes it.
     changes      each of those edits, "flag: before -> after"
     world_size   8, as Megatron-LM's CI (or the layout's size when larger): validation runs at that size
     cpu          the edits of the one-rank CPU training run: every parallel size 1, and the flags that need
                  several ranks dropped (functional_runs.py applies them); two microbatches per step, or a step
-                 schedule's batches at data-parallel size 1
+                 schedule's batches at data-parallel size 1; a --moe-layer-freq list two layers (one dense,
+                 one MoE)
     expect       "train" when validation accepts it (the test trains it), else what refuses it: argparse's
                  message (a flag not built here) or validation's list of problems, verbatim
     ci           trained in CI: the fewest configurations that together train every flag their one-rank runs
@@ -171,6 +173,9 @@ def _shape(shrink: _Shrink) -> None:
         shrink.set("--num-experts", experts)
     if "--vocab-size" in flags:
         shrink.set("--vocab-size", 1000)
+    if "--fine-grained-activation-offloading" in flags:
+        # The default (2^20 elements) is above every tensor of the tiny model: offload them all.
+        shrink.set("--min-offloaded-tensor-size", 1)
 
 
 def _step_schedule(flags: dict, per_step: int) -> tuple[str, int]:
@@ -269,11 +274,25 @@ def _world_size(flags: dict) -> int:
     return CI_WORLD_SIZE if CI_WORLD_SIZE % needed == 0 else needed
 
 
+def _moe_layer_pattern(flags: dict) -> list | None:
+    """The per-layer 0/1 list of a --moe-layer-freq list expression, e.g. "([0]*3+[1]*12)", else None."""
+    from megatron.training.config.moe import parse_layer_freq
+
+    pattern = parse_layer_freq(flags.get("--moe-layer-freq", ["1"])[0])
+    return pattern if isinstance(pattern, list) else None
+
+
 def _cpu(flags: dict) -> dict:
     """The one-rank run's edits: sizes 1, multi-rank flags dropped, two microbatches per step (a step schedule:
-    its batches at data-parallel size 1)."""
+    its batches at data-parallel size 1); a --moe-layer-freq list, which fixes 13 to 16 layers for the pipeline
+    split, becomes two layers: its first dense and its first MoE layer."""
     edits = {flag: ["1"] for flag in CPU_SIZES if flag in flags}
     edits.update({flag: None for flag in CPU_DROPPED if flag in flags})
+    pattern = _moe_layer_pattern(flags)
+    if pattern is not None and len(pattern) > 2:
+        kinds = sorted(set(pattern)) if len(set(pattern)) == 2 else [pattern[0]] * 2
+        edits["--num-layers"] = ["2"]
+        edits["--moe-layer-freq"] = [f"([{kinds[0]}]*1+[{kinds[1]}]*1)"]
     small = _int(flags, "--micro-batch-size", 1)
     if "--step-batch-size-schedule" in flags:  # it replaces --global-batch-size
         schedule, samples = _step_schedule(flags, small)

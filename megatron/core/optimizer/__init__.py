@@ -30,6 +30,7 @@ from .distrib_optimizer import DistributedOptimizer
 from .fully_sharded_optimizer import FullyShardedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler, MegatronGradScaler
 from .muon import TensorParallelMuon, is_muon_param, mark_qkv_params
+from .mup import mup_group_overrides
 from .optimizer import FP32Optimizer, Float16OptimizerWithFloat16Params, MegatronOptimizer, MixedPrecisionOptimizer
 from .optimizer_config import OptimizerConfig
 from .param_groups import get_param_groups, set_min_and_max_lr
@@ -171,13 +172,15 @@ def get_megatron_optimizer(
     no_weight_decay_cond: Optional[Callable] = None,
     scale_lr_cond: Optional[Callable] = None,
     lr_mult: float = 1.0,
+    mup_width_mult: Optional[float] = None,
 ) -> MegatronOptimizer:
     """The Megatron optimizer for the trainable params of `model_chunks` (one chunk per virtual stage).
 
     Param groups: no weight decay for biases and 1-D params (but the q/k layernorms' with
     `apply_wd_to_qk_layernorm`; or where `no_weight_decay_cond(name, param)`), `lr * lr_mult` where `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for
     params marked `is_embedding_or_output_parameter`. Expert-parallel params (`allreduce=False`) get
-    their own optimizer, whose statistics are reduced over the expert groups.
+    their own optimizer, whose statistics are reduced over the expert groups. With `mup_width_mult` (the model
+    config's, under muP) the hidden and vector-like params get muP's learning rates and epsilon (mup.py).
     """
     if config.lr is None:
         raise ValueError("OptimizerConfig.lr (--lr) must be set to build the optimizer")
@@ -187,16 +190,18 @@ def get_megatron_optimizer(
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         logger.info("setting up optimizer with %s", config)
 
+    if config.optimizer == "muon":
+        mark_qkv_params(model_chunks)
+    group_overrides = None if mup_width_mult is None else mup_group_overrides(config, mup_width_mult, is_muon_param)
     param_groups = get_param_groups(
         model_chunks, no_weight_decay_cond, scale_lr_cond, lr_mult, config.decoupled_lr is not None,
-        config.apply_wd_to_qk_layernorm,
+        config.apply_wd_to_qk_layernorm, group_overrides,
     )
     if not param_groups:
         raise ValueError("get_megatron_optimizer: the model chunks have no trainable parameters")
     set_min_and_max_lr(param_groups, config.lr, config.min_lr, config.decoupled_lr, config.decoupled_min_lr)
 
     if config.optimizer == "muon":
-        mark_qkv_params(model_chunks)
         by_name = [("muon", _filtered(param_groups, is_muon_param)),
                    (config.muon_scalar_optimizer, _filtered(param_groups, lambda param: not is_muon_param(param)))]
     else:

@@ -2,7 +2,7 @@
 
 Every param lands in the group of its key
 
-    (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)
+    (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr, overrides)
 
   wd_mult 0.0      biases (name ends in `.bias`) and 1-D params (norm weights), except the q/k layernorms'
                    (`q_layernorm.`, `k_layernorm.`) with `apply_wd_to_qk_layernorm`, unless
@@ -10,13 +10,15 @@ Every param lands in the group of its key
   lr_mult          `lr_mult` where `scale_lr_cond(name, param)` holds (fine-tuning heads), else 1.0
   is_expert_par.   `param.allreduce is False` (MoE experts: reduced over the expert data-parallel group)
   is_decoupled_lr  `param.is_embedding_or_output_parameter` when a decoupled LR is configured
+  overrides        `group_overrides(name, param)`: values the group gets as they are (muP's `max_lr`, `min_lr`,
+                   `eps`, optimizer/mup.py)
 
 Each group also carries `max_lr`/`min_lr`, which the scheduler decays between.
 
 Group order is Megatron-LM's, because a torch-format optimizer state indexes params by their position over
 all groups: every rank lists the union of the keys of all ranks (a pipeline stage without, say, decoupled-LR
 params holds that group empty), the group without overrides first, then the others sorted by their sorted
-(override name, value) pairs (`max_lr` for the decoupled LR, `lr_mult`, `wd_mult`); equal overrides keep
+(override name, value) pairs (`max_lr` for the decoupled LR, `lr_mult`, `wd_mult`, the `overrides`); equal overrides keep
 the order in which the params first appear.
 """
 
@@ -34,8 +36,10 @@ def get_param_groups(
     lr_mult: float = 1.0,
     use_decoupled_learning_rate: bool = False,
     apply_wd_to_qk_layernorm: bool = False,
+    group_overrides: Optional[Callable] = None,
 ) -> List[Dict]:
-    """Groups the trainable params of `model_chunks` by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)."""
+    """Groups the trainable params of `model_chunks` by (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr,
+    overrides)."""
     params_by_key: Dict[Tuple, List[torch.nn.Parameter]] = {}
     for model_chunk in model_chunks:
         for name, param in model_chunk.named_parameters():
@@ -53,6 +57,7 @@ def get_param_groups(
                 lr_mult if scale_lr else 1.0,
                 not getattr(param, "allreduce", True),
                 use_decoupled_learning_rate and getattr(param, "is_embedding_or_output_parameter", False),
+                tuple(sorted(group_overrides(name, param).items())) if group_overrides is not None else (),
             )
             params_by_key.setdefault(key, []).append(param)
     keys = list(params_by_key)
@@ -62,16 +67,17 @@ def get_param_groups(
         keys = list(dict.fromkeys(keys + [key for rank_keys in every_rank for key in rank_keys]))
     keys.sort(key=_megatron_order)
     # default_config: the group follows the run's own LR schedule (Megatron-LM logs the lr of such a group).
-    return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key)), "default_config": key[1] == 1.0 and not key[3]}
+    return [{"params": params, **dict(zip(PARAM_GROUP_KEYS, key)), **dict(key[4]),
+             "default_config": key[1] == 1.0 and not key[3] and not any("lr" in name for name, _ in key[4])}
             for key, params in ((key, params_by_key.get(key, [])) for key in keys)]
 
 
 def _megatron_order(key: Tuple) -> Tuple:
     """Megatron-LM's sort key of a group: (has overrides, its overrides as sorted (name, value) pairs)."""
-    wd_mult, lr_mult, _, is_decoupled_lr = key
+    wd_mult, lr_mult, _, is_decoupled_lr, group_overrides = key
     overrides = sorted(
         [("max_lr", 0.0)] * is_decoupled_lr + [("lr_mult", lr_mult)] * (lr_mult != 1.0)
-        + [("wd_mult", wd_mult)] * (wd_mult != 1.0)
+        + [("wd_mult", wd_mult)] * (wd_mult != 1.0) + list(group_overrides)
     )
     return (bool(overrides), tuple(overrides))
 
@@ -83,14 +89,14 @@ def set_min_and_max_lr(
     decoupled_lr: Optional[float],
     decoupled_min_lr: Optional[float],
 ) -> None:
-    """Writes each group's `max_lr`/`min_lr`: the decoupled pair for embedding/output groups, else (lr, min_lr)."""
+    """Writes each group's `max_lr`/`min_lr`: the decoupled pair for embedding/output groups, else (lr, min_lr);
+    a group that has its own (its `overrides`) keeps them."""
     min_lr = 0.0 if min_lr is None else min_lr
     decoupled_min_lr = min_lr if decoupled_min_lr is None else decoupled_min_lr
     for group in param_groups:
-        if group["is_decoupled_lr"]:
-            group["max_lr"], group["min_lr"] = decoupled_lr, decoupled_min_lr
-        else:
-            group["max_lr"], group["min_lr"] = lr, min_lr
+        pair = (decoupled_lr, decoupled_min_lr) if group["is_decoupled_lr"] else (lr, min_lr)
+        group.setdefault("max_lr", pair[0])
+        group.setdefault("min_lr", pair[1])
 
 
 def _group_key(group: Dict) -> Tuple:

@@ -208,6 +208,7 @@ class CheckpointWithoutOutput:
 
     def __init__(self):
         self.function, self.outputs, self.ctx, self.rng_states = None, None, None, None
+        self.input_storages = set()
 
     def checkpoint(self, function, *args):
         """`function(*args)` (one tensor or a tuple of tensors), to be discarded later."""
@@ -220,10 +221,9 @@ class CheckpointWithoutOutput:
 
     def discard_output_and_register_recompute(self, hook_tensor: torch.Tensor) -> None:
         """Frees the outputs' storage; they are recomputed when backward computes `hook_tensor`'s gradient."""
-        inputs = {tensor.untyped_storage().data_ptr() for tensor in self.ctx.saved_tensors}
         for output in self.outputs:
             if (output.is_contiguous() and output.storage_offset() == 0
-                    and output.untyped_storage().data_ptr() not in inputs):
+                    and output.untyped_storage().data_ptr() not in self.input_storages):
                 output.untyped_storage().resize_(0)
         if hook_tensor.requires_grad:
             hook_tensor.register_hook(self._recompute)
@@ -257,6 +257,9 @@ class _OutputDiscardingFunction(torch.autograd.Function):
     def forward(ctx, checkpoint, *args):
         with torch.no_grad():
             outputs = checkpoint.function(*args)
+        # The inputs' storages, read here: reading ctx.saved_tensors later would unpack them (and reload
+        # offloaded ones, activation_offload.py) in the forward pass.
+        checkpoint.input_storages = {arg.untyped_storage().data_ptr() for arg in args if torch.is_tensor(arg)}
         ctx.save_for_backward(*args)
         checkpoint.ctx = ctx
         return outputs

@@ -27,6 +27,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.model_parallel_config import reject_unsupported
 from megatron.core.fusions.fused_rope import fused_apply_rotary_pos_emb
 from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from megatron.core.transformer.activation_offload import ActivationOffload
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
@@ -100,6 +101,7 @@ class SelfAttention(MegatronModule):
         self.checkpoint_core_attention = (
             config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
         )
+        add_offloads(self, config)
 
     def _build_head_norm(self, spec):
         if spec is None:
@@ -192,18 +194,29 @@ class SelfAttention(MegatronModule):
     ):
         """With an `inference_context` (KV cache) the new keys/values join the cached ones and the queries
         attend over all of them; `rotary_pos_emb` must then hold the angles of the new positions."""
-        query, key, value, *gate = self.get_query_key_value_tensors(hidden_states, output_gate=self.output_gate)
+        with self.qkv_offload.scope():
+            query, key, value, *gate = self.get_query_key_value_tensors(hidden_states, output_gate=self.output_gate)
         if rotary_pos_emb is not None:
             q_pos_emb, k_pos_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             rotate = fused_apply_rotary_pos_emb if self.config.apply_rope_fusion else apply_rotary_pos_emb
             query = rotate(query, q_pos_emb, config=self.config)
             key = rotate(key, k_pos_emb, config=self.config)
-        context = cached_core_attention(
-            self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context
-        )
+        with self.core_attn_offload.scope():
+            context = cached_core_attention(
+                self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context
+            )
         if gate:
             context = (context * torch.sigmoid(gate[0].reshape(context.shape).float())).to(context.dtype)
-        return self.linear_proj(context)
+        with self.attn_proj_offload.scope():
+            return self.linear_proj(context)
+
+
+def add_offloads(attention, config: TransformerConfig) -> None:
+    """The fine-grained activation offloads of a self-attention module (activation_offload.py): its query/key/
+    value projections, its core attention and its output projection."""
+    attention.qkv_offload = ActivationOffload(config, "qkv_linear")
+    attention.core_attn_offload = ActivationOffload(config, "core_attn")
+    attention.attn_proj_offload = ActivationOffload(config, "attn_proj")
 
 
 def cached_core_attention(
@@ -311,6 +324,7 @@ class CrossAttention(MegatronModule):
         self.checkpoint_core_attention = (
             config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
         )
+        add_offloads(self, config)
 
     def get_query_key_value_tensors(self, hidden_states: torch.Tensor, key_value_states: torch.Tensor):
         """hidden [sq, b, h], key_value_states [sk, b, h] -> query [sq, b, np/p, hn], key and value
@@ -337,10 +351,13 @@ class CrossAttention(MegatronModule):
         reject_unsupported(
             "CrossAttention", inference_context=inference_context is not None, rotary_pos_emb=rotary_pos_emb is not None
         )
-        query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
+        with self.qkv_offload.scope():
+            query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
         core_args = (query, key, value, attention_mask, None, attention_bias, packed_seq_params)
-        if self.checkpoint_core_attention and self.training:
-            context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
-        else:
-            context = self.core_attention(*core_args)
-        return self.linear_proj(context)
+        with self.core_attn_offload.scope():
+            if self.checkpoint_core_attention and self.training:
+                context = tensor_parallel.checkpoint(self.core_attention, False, *core_args)
+            else:
+                context = self.core_attention(*core_args)
+        with self.attn_proj_offload.scope():
+            return self.linear_proj(context)

@@ -18,3 +18,10 @@ def scaled_init_method_normal(sigma: float, num_layers: int, multiplier: float =
     variance of the residual stream independent of depth (GPT-2 paper, section 2.3).
     """
     return functools.partial(torch.nn.init.normal_, mean=0.0, std=sigma / math.sqrt(multiplier * num_layers))
+
+
+def mup_scaled_init_method_normal(sigma: float, num_layers: int, width_mult: float, multiplier: float = 2.0):
+    """N(0, (sigma / (sqrt(multiplier * num_layers) * sqrt(width_mult)))^2): the depth scaling above times muP's
+    1/sqrt(m) width scaling (m = hidden_size / mup_base_hidden_size), for `linear_proj` and `linear_fc2`."""
+    std = sigma / (math.sqrt(multiplier * num_layers) * math.sqrt(width_mult))
+    return functools.partial(torch.nn.init.normal_, mean=0.0, std=std)

@@ -50,7 +50,7 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
 )
 from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
-from megatron.core.transformer.attention import cached_core_attention
+from megatron.core.transformer.attention import add_offloads, cached_core_attention
 from megatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -178,6 +178,7 @@ class MLASelfAttention(MegatronModule):
         self.recompute_up_projections = (
             config.recompute_granularity == "selective" and "mla_up_proj" in config.recompute_modules
         )
+        add_offloads(self, config)
 
     def _rotary_angles(self, num_positions: int, inference_context):
         """(angles [s, 1, 1, d_rope], concentration) of this rank's s query positions: with context
@@ -262,15 +263,18 @@ class MLASelfAttention(MegatronModule):
                              "does so for multi-latent attention)")
         recompute = self.recompute_up_projections and self.training and torch.is_grad_enabled() and (
             inference_context is None)
-        query, key, value, checkpoint = self._query_key_value(hidden_states, inference_context, recompute)
+        with self.qkv_offload.scope():
+            query, key, value, checkpoint = self._query_key_value(hidden_states, inference_context, recompute)
         pad = self.config.v_head_dim != self.q_head_dim
-        context = cached_core_attention(
-            self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
-            value_width=self.q_head_dim if pad else None,
-        )
+        with self.core_attn_offload.scope():
+            context = cached_core_attention(
+                self, query, key, value, attention_mask, attention_bias, packed_seq_params, inference_context,
+                value_width=self.q_head_dim if pad else None,
+            )
         if checkpoint is not None:
             checkpoint.discard_output_and_register_recompute(context)
         if pad:  # [s, b, n/p * (d_nope + d_rope)] -> [s, b, n/p * d_v]
             s, b = context.shape[:2]
             context = context.view(s, b, -1, self.q_head_dim)[..., : self.config.v_head_dim].reshape(s, b, -1)
-        return self.linear_proj(context)
+        with self.attn_proj_offload.scope():
+            return self.linear_proj(context)

@@ -11,6 +11,7 @@ fused bias-GELU uses the tanh approximation, and so do we; that is Hugging Face 
 `activation_func=megatron.core.activations.squared_relu`.
 """
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Union
@@ -27,8 +28,14 @@ from megatron.core.transformer.config_rules import (
 )
 from megatron.core.transformer.context_parallel.context_parallel_attention import cp_comm_type_problems
 from megatron.core.transformer.enums import AttnBackend
-from megatron.core.transformer.init_methods import init_method_normal, scaled_init_method_normal
+from megatron.core.transformer.activation_offload import offload_module_problems
+from megatron.core.transformer.init_methods import (
+    init_method_normal,
+    mup_scaled_init_method_normal,
+    scaled_init_method_normal,
+)
 from megatron.core.transformer.moe.moe_config_checks import moe_config_problems
+from megatron.core.transformer.mup import apply_mup, mup_problems
 from megatron.core.transformer.pipeline_layer_split import pipeline_layer_split_problems
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout, as_layout
 
@@ -147,6 +154,37 @@ class TransformerConfig(ModelParallelConfig):
     init_method_std: float = 0.02
     """Standard deviation of the default initialisers."""
 
+    embedding_init_method: Optional[Callable] = None
+    """Initialiser of the word, position and token-type embeddings; defaults to N(0, embedding_init_method_std^2)
+    when that differs from `init_method_std` (or `init_method` is unset), else to `init_method`."""
+
+    embedding_init_method_std: Optional[float] = None
+    """Standard deviation of the default embedding initialiser (default `init_method_std`)."""
+
+    # --- muP, maximal update parametrization (mup.py has the maths) ----------------------------------------
+    use_mup: bool = False
+    """Scale the init, the attention, the embedding output, the logits and (megatron/core/optimizer) the
+    per-parameter learning rates with the width multiplier m = hidden_size / mup_base_hidden_size."""
+
+    mup_width_mult: float = 1.0
+    """m; computed from the sizes when `use_mup` is set."""
+
+    mup_base_hidden_size: Optional[int] = None
+    """Hidden size of the proxy model the hyperparameters were tuned on (default `hidden_size`: m = 1)."""
+
+    mup_embedding_mult: float = 1.0
+    """Multiplier of the embedding output under muP."""
+
+    mup_output_mult: float = 1.0
+    """Multiplier of the output logits under muP; left at 1.0 it becomes 1/m."""
+
+    mup_base_head_dim: Optional[float] = None
+    """With it, the muP attention scale is sqrt(mup_base_head_dim) / kv_channels^mup_attn_scale_power, which
+    equals 1/sqrt(kv_channels) at that head width; without it 1 / kv_channels^mup_attn_scale_power."""
+
+    mup_attn_scale_power: float = 1.0
+    """Power of kv_channels in the muP attention scale: 1.0 is muP's 1/d, 0.5 the standard 1/sqrt(d)."""
+
     # --- kernel choices (same maths either way) ----------------------------------------------------------
     masked_softmax_fusion: bool = False
     """Accepted for compatibility: our attention always uses PyTorch's fused kernels."""
@@ -183,6 +221,27 @@ class TransformerConfig(ModelParallelConfig):
     recompute_modules: Optional[list] = None
     """Selective-recompute targets; defaults to ["core_attn"]. Supported: core_attn, mlp (recomputed with
     their activations), layernorm, moe_act, mla_up_proj (outputs dropped after use and recomputed)."""
+
+    # --- fine-grained activation offloading (activation_offload.py) -----------------------------------------
+    fine_grained_activation_offloading: bool = False
+    """Keep the tensors that the `offload_modules` save for backward in host memory between forward and
+    backward (pinned, copied on a side stream on CUDA) instead of device memory."""
+
+    offload_modules: Optional[list] = None
+    """Which: attn_norm, qkv_linear, core_attn, attn_proj (needs core_attn), mlp_norm, expert_fc1, moe_act."""
+
+    min_offloaded_tensor_size: int = 1024 * 1024
+    """Saved tensors of fewer elements stay on the device."""
+
+    fine_grained_offloading_max_inflight_offloads: Optional[int] = None
+    """At most this many of a module's offloads (one per forward call) in flight: the compute stream waits
+    for the oldest beyond it; None never waits."""
+
+    activation_offload_fraction: float = 1.0
+    """Fraction of the offload groups offloaded (only 1.0 is supported)."""
+
+    delta_offload_bytes_across_pp_ranks: int = 0
+    """Bytes fewer offloaded per later pipeline rank (only 0 is supported)."""
 
     # --- mixture of experts (megatron/core/transformer/moe) ------------------------------------------------
     num_moe_experts: Optional[int] = None
@@ -349,13 +408,32 @@ class TransformerConfig(ModelParallelConfig):
         problems += self._feature_problems()
         problems += self._attention_variant_problems()
         problems += moe_config_problems(self)
+        problems += mup_problems(self)
+        problems += offload_module_problems(self)
         raise_config_problems("TransformerConfig", problems)
         if self.apply_query_key_layer_scaling:
             self.attention_softmax_in_fp32 = True
+        if self.use_mup:
+            apply_mup(self)
+        self._set_init_methods()
+
+    def _set_init_methods(self) -> None:
+        """The default initialisers (the embeddings' first: they keep the unscaled std under muP)."""
+        if self.embedding_init_method_std is None:
+            self.embedding_init_method_std = self.init_method_std
+        if self.embedding_init_method is None:
+            if self.init_method is None or self.embedding_init_method_std != self.init_method_std:
+                self.embedding_init_method = init_method_normal(self.embedding_init_method_std)
+            else:
+                self.embedding_init_method = self.init_method
+        width = self.mup_width_mult if self.use_mup else 1.0
         if self.init_method is None:
-            self.init_method = init_method_normal(self.init_method_std)
+            self.init_method = init_method_normal(self.init_method_std / math.sqrt(width))
         if self.output_layer_init_method is None:
-            self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
+            self.output_layer_init_method = (
+                mup_scaled_init_method_normal(self.init_method_std, self.num_layers, width) if self.use_mup
+                else scaled_init_method_normal(self.init_method_std, self.num_layers)
+            )
 
     def _parse_layout(self) -> None:
         """Parses `pipeline_model_parallel_layout`; an unset VPP takes the layout's. A layout that does not

@@ -22,6 +22,7 @@ import torch
 from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, layer_runs_in_fp8
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.random import CheckpointWithoutOutput, model_parallel_rng_region
+from megatron.core.transformer.activation_offload import ActivationOffload
 from megatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.pipeline_layer_split import get_transformer_layer_offset
@@ -77,6 +78,11 @@ class TransformerLayer(MegatronModule):
         self.recompute_layernorm = (
             config.recompute_granularity == "selective" and "layernorm" in config.recompute_modules
         )
+        # Fine-grained activation offloading of each norm's saved input (activation_offload.py).
+        self.attn_norm_offload = ActivationOffload(
+            config, "attn_norm", enabled=not isinstance(self.input_layernorm, IdentityOp))
+        self.mlp_norm_offload = ActivationOffload(
+            config, "mlp_norm", enabled=not isinstance(self.pre_mlp_layernorm, IdentityOp))
 
     def _use_fp8_gemms(self, recipe: Fp8Recipe) -> None:
         """Runs every parallel linear of this layer (QKV, projection, fc1, fc2; cross-attention's) in FP8,
@@ -111,7 +117,8 @@ class TransformerLayer(MegatronModule):
 
     def _forward(self, hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask):
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
-        normed, recompute = self._norm(self.input_layernorm, hidden_states)
+        with self.attn_norm_offload.scope():
+            normed, recompute = self._norm(self.input_layernorm, hidden_states)
         attention_output_with_bias = self.self_attention(
             normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
         )
@@ -132,7 +139,8 @@ class TransformerLayer(MegatronModule):
             with self._hidden_dropout_rng():
                 hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
-        normed, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
+        with self.mlp_norm_offload.scope():
+            normed, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
         mlp_output_with_bias = self.mlp(normed)
         if recompute is not None:
             recompute.discard_output_and_register_recompute(mlp_output_with_bias[0])

@@ -29,7 +29,6 @@ UNSUPPORTED = (
     Unsupported("--fp4-param-gather", "FP4 training is not supported yet"),
     Unsupported("--te-rng-tracker", "the Transformer Engine back end is not supported yet"),
     Unsupported("--transformer-impl", "is not supported yet; use --transformer-impl local", ("inference_optimized",)),
-    Unsupported("--embedding-init-method-std", "a separate embedding init std is not supported yet"),
     Unsupported("--position-embedding-type", "is not supported yet; use learned_absolute, rope or none",
                 ("yarn", "mrope", "relative")),
     Unsupported("--optimizer", "is not supported yet; use adam, sgd or muon", ("lion", "soap", "adaptive_muon")),

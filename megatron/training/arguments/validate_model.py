@@ -9,12 +9,14 @@ that name the flags.
 
 import argparse
 
+from megatron.core.transformer.activation_offload import offload_module_problems
 from megatron.core.transformer.config_rules import (
     linear_attention_problems,
     recompute_layer_problems,
     recompute_module_problems,
     tensor_parallel_split_problems,
 )
+from megatron.core.transformer.mup import mup_problems
 from megatron.training.config.run_config import RunConfig
 
 
@@ -55,7 +57,8 @@ def _check_sequence_lengths(args, problems: list) -> None:
 
 def check_model_shape(args: argparse.Namespace, problems: list) -> None:
     """The shape against the parallel layout and the sequence length; the recompute layer counts and modules;
-    the linear attention layers against the layers and the layout."""
+    the offloaded modules (with the recompute ones); the linear attention layers against the layers and the
+    layout; the muP sizes."""
     _check_tensor_parallel_split(args, problems)
     problems.extend(linear_attention_problems(args, name=flag_setting))
     _check_sequence_lengths(args, problems)
@@ -64,5 +67,10 @@ def check_model_shape(args: argparse.Namespace, problems: list) -> None:
                                              args.pipeline_model_parallel_size, name=flag_setting))
     problems.extend(recompute_module_problems(args.recompute_granularity, args.recompute_modules, args,
                                               name=flag_setting))
+    problems.extend(offload_module_problems(args, name=flag_setting))
+    if args.fine_grained_activation_offloading and args.cuda_graph_impl != "none":
+        problems.append(f"--fine-grained-activation-offloading with --cuda-graph-impl {args.cuda_graph_impl} is not "
+                        "supported yet")
+    problems.extend(mup_problems(args, name=flag_setting))
     if args.distribute_saved_activations and args.sequence_parallel:
         problems.append("--distribute-saved-activations cannot be combined with --sequence-parallel")

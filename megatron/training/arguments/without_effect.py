@@ -26,6 +26,12 @@ class WithoutEffect:
 _SPEED_ONLY = "only changes Megatron-LM's speed"
 
 WITHOUT_EFFECT = (
+    WithoutEffect("--mup-width-mult", "--use-mup computes the width multiplier as --hidden-size / "
+                                      "--mup-base-hidden-size (Megatron-LM overwrites this flag too), and nothing "
+                                      "reads it without --use-mup"),
+    WithoutEffect("--delay-offload-until-cuda-graph", "it defers offload copies until a per-layer CUDA graph has "
+                                                      "replayed, and per-layer CUDA graphs are not built here: each "
+                                                      "module's copies start during its forward pass"),
     WithoutEffect("--cross-entropy-loss-fusion", f"{_SPEED_ONLY}; the language-model loss here always runs the "
                                                  "fused vocab-parallel cross entropy (the same values)"),
     WithoutEffect("--no-align-grad-reduce", f"{_SPEED_ONLY}; each pipeline stage here always launches its "

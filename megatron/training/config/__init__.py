@@ -1,7 +1,7 @@
 """A run's configuration as typed sections: every command-line flag is a documented field of one section.
 
     fields.py         how a field becomes a flag (`flag()`, `Section.add_to`, `Section.from_namespace`)
-    model.py          NetworkSizeConfig, InitializationConfig, KernelFusionConfig
+    model.py          NetworkSizeConfig, InitializationConfig, MupConfig, KernelFusionConfig
     training.py       TrainingConfig (batch, length, recompute, exit), ValidationConfig, AutoresumeConfig
     data.py           DataConfig
     checkpointing.py  CheckpointingConfig

@@ -234,6 +234,38 @@ class InitializationConfig(Section):
 
 
 @dataclass(kw_only=True)
+class MupConfig(Section):
+    """muP, maximal update parametrization (megatron/core/transformer/mup.py): hyperparameters tuned on a proxy
+    of width --mup-base-hidden-size transfer to this width, m = --hidden-size / --mup-base-hidden-size."""
+
+    TITLE = "mup"
+
+    use_mup: bool = False
+    """Hidden weights init with std / sqrt(m), output projections std / sqrt(2 L m); attention scores scaled
+    1/d_head (see --mup-attn-scale-power); logits times --mup-output-mult; Adam: the weight matrices' LR and
+    epsilon / m (SGD: the vector-like params' LR x m)."""
+
+    mup_width_mult: float = 1.0
+    """Megatron-LM: m itself, which --use-mup computes from the sizes instead."""
+
+    mup_base_hidden_size: int | None = None
+    """Hidden size of the proxy model (default --hidden-size: m = 1)."""
+
+    mup_embedding_mult: float = 1.0
+    """Multiplier of the embedding output under --use-mup."""
+
+    mup_output_mult: float = 1.0
+    """Multiplier of the logits under --use-mup; 1.0 means 1/m."""
+
+    mup_base_head_dim: float | None = None
+    """Attention scale sqrt(this) / kv-channels^power under --use-mup (the standard scale at this head width);
+    default 1 / kv-channels^power."""
+
+    mup_attn_scale_power: float = 1.0
+    """The power of kv-channels in the --use-mup attention scale: 1.0 (muP), 0.5 (standard)."""
+
+
+@dataclass(kw_only=True)
 class KernelFusionConfig(Section):
     """Fused kernels, torch.compile and CUDA graphs: the same function computed faster."""
 

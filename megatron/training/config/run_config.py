@@ -11,7 +11,7 @@ from megatron.training.config.fields import argparse_kwargs
 from megatron.training.config.linear_attention import LinearAttentionConfig
 from megatron.training.config.logging import LoggingConfig
 from megatron.training.config.mla import MultiLatentAttentionConfig, MultiTokenPredictionConfig
-from megatron.training.config.model import InitializationConfig, KernelFusionConfig, NetworkSizeConfig
+from megatron.training.config.model import InitializationConfig, KernelFusionConfig, MupConfig, NetworkSizeConfig
 from megatron.training.config.moe import MoEConfig
 from megatron.training.config.optimizer import LearningRateConfig, OptimizerChoiceConfig, RegularizationConfig
 from megatron.training.config.parallel import DistributedConfig
@@ -29,6 +29,7 @@ class RunConfig:
     regularization: RegularizationConfig
     training: TrainingConfig
     initialization: InitializationConfig
+    mup: MupConfig
     optimizer: OptimizerChoiceConfig
     learning_rate: LearningRateConfig
     checkpointing: CheckpointingConfig

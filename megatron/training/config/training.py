@@ -58,6 +58,30 @@ class TrainingConfig(Section):
     input and pre-MLP norms), moe_act (the experts' activation, with --moe-grouped-gemm), mla_up_proj (the
     multi-latent up projections and RoPE)."""
 
+    fine_grained_activation_offloading: bool = False
+    """Keep what the --offload-modules save for backward in host memory (pinned, copied on a side stream)
+    until backward needs it, instead of device memory."""
+
+    offload_modules: list[str] = flag(default_factory=list, nargs="+")
+    """Modules offloaded with --fine-grained-activation-offloading: attn_norm, qkv_linear, core_attn, attn_proj
+    (with core_attn), mlp_norm, expert_fc1, moe_act."""
+
+    min_offloaded_tensor_size: int = 1024 * 1024
+    """Saved tensors of fewer elements are not offloaded."""
+
+    fine_grained_offloading_max_inflight_offloads: int | None = None
+    """At most this many forward calls of one offloaded module with copies in flight (0: wait for each copy);
+    default: never wait."""
+
+    activation_offload_fraction: float = 1.0
+    """Fraction of the offload groups offloaded (only 1.0 is supported here)."""
+
+    delta_offload_bytes_across_pp_ranks: int = 0
+    """Bytes fewer offloaded per later pipeline rank (only 0 is supported here)."""
+
+    delay_offload_until_cuda_graph: bool = False
+    """Megatron-LM: start the offload copies of modules outside a per-layer CUDA graph after its replay."""
+
     distribute_saved_activations: bool = False
     """Shard recomputation checkpoints across the tensor-parallel group."""
 
@@ -162,6 +186,15 @@ class TrainingConfig(Section):
             problems.append("--recompute-method applies to --recompute-granularity full only, not selective")
         if self.distribute_saved_activations and self.effective_recompute_granularity != "full":
             problems.append("--distribute-saved-activations needs --recompute-granularity full")
+        if not self.fine_grained_activation_offloading:
+            given = [shown for shown, value, default in (
+                ("--offload-modules", self.offload_modules, []),
+                ("--min-offloaded-tensor-size", self.min_offloaded_tensor_size, 1024 * 1024),
+                ("--fine-grained-offloading-max-inflight-offloads",
+                 self.fine_grained_offloading_max_inflight_offloads, None)) if value != default]
+            if given:
+                problems.append(f"{', '.join(given)} need --fine-grained-activation-offloading (without it nothing "
+                                "is offloaded)")
         return problems
 
 

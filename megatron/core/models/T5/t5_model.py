@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.mup import output_layer_init_method
 
 
 class T5LMHead(MegatronModule):
@@ -42,7 +43,7 @@ class T5LMHead(MegatronModule):
             config.hidden_size,
             vocab_size,
             config=config,
-            init_method=config.init_method,
+            init_method=output_layer_init_method(config, share_embeddings_and_output_weights),
             bias=share_embeddings_and_output_weights,
             skip_bias_add=not share_embeddings_and_output_weights,
             gather_output=not parallel_output,

@@ -33,6 +33,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.mup import output_layer_init_method
 
 
 class BertModel(LanguageModule):
@@ -101,7 +102,7 @@ class BertModel(LanguageModule):
                 config.hidden_size,
                 vocab_size,
                 config=config,
-                init_method=config.init_method,
+                init_method=output_layer_init_method(config, share_embeddings_and_output_weights),
                 bias=True,
                 skip_bias_add=False,
                 gather_output=not parallel_output,

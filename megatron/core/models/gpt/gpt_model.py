@@ -17,6 +17,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
+from megatron.core.transformer.mup import output_layer_init_method, scale_logits
 from megatron.core.transformer.multi_token_prediction import (
     MultiTokenPredictionBlock,
     get_mtp_layer_spec,
@@ -108,7 +109,7 @@ class GPTModel(LanguageModule):
                 config.hidden_size,
                 vocab_size,
                 config=config,
-                init_method=config.init_method,
+                init_method=output_layer_init_method(config, share_embeddings_and_output_weights),
                 bias=False,
                 skip_bias_add=False,
                 gather_output=not parallel_output,
@@ -184,10 +185,12 @@ class GPTModel(LanguageModule):
             hidden_states = self.mtp(input_ids, position_ids, hidden_states, attention_mask, self.embedding,
                                      rotary_pos_emb)
             hidden_states = process_mtp_loss(
-                hidden_states, labels, loss_mask, lambda hidden: self.output_layer(hidden, weight=output_weight)[0],
+                hidden_states, labels, loss_mask,
+                lambda hidden: scale_logits(self.config, self.output_layer(hidden, weight=output_weight)[0]),
                 self.compute_language_model_loss, self.config, self.training,
             )
         logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output)
+        logits = scale_logits(self.config, logits)
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [s, b, V/p] -> [b, s, V/p]
         return self.compute_language_model_loss(labels, logits)

@@ -31,6 +31,7 @@ from megatron.core.tensor_parallel.random import (
     get_cuda_rng_tracker,
     get_expert_parallel_rng_tracker_name,
 )
+from megatron.core.transformer.activation_offload import ActivationOffload
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.grouped_gemm import grouped_linear
 
@@ -181,15 +182,18 @@ class SequentialMLP(MegatronModule):
         )
         self.activation = expert_activation(config)
         self.etp_size = expert_weights.etp_size
+        self.fc1_offload, self.act_offload = ActivationOffload(config, "expert_fc1"), ActivationOffload(config, "moe_act")
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         fc1 = [expert.linear_fc1 for expert in self.local_experts]
         fc2 = [expert.linear_fc2 for expert in self.local_experts]
-        intermediate = grouped_linear(rows, [linear.weight for linear in fc1], tokens_per_expert, False)
-        if self.config.add_bias_linear:
-            intermediate = intermediate + _rows_of(fc1, tokens_per_expert)  # [N, f/etp]
-        output = grouped_linear(self.activation(intermediate), [linear.weight for linear in fc2], tokens_per_expert,
-                                False)
+        with self.fc1_offload.scope():
+            intermediate = grouped_linear(rows, [linear.weight for linear in fc1], tokens_per_expert, False)
+            if self.config.add_bias_linear:
+                intermediate = intermediate + _rows_of(fc1, tokens_per_expert)  # [N, f/etp]
+        with self.act_offload.scope():
+            activated = self.activation(intermediate)
+        output = grouped_linear(activated, [linear.weight for linear in fc2], tokens_per_expert, False)
         if self.config.add_bias_linear:
             output = _BiasShare.apply(output, _rows_of(fc2, tokens_per_expert), self.etp_size)
         return output
@@ -231,15 +235,19 @@ class GroupedMLP(MegatronModule):
         self.use_grouped_mm = True
         # Selective recompute of "moe_act": the activation output is not kept past fc2 (recomputed in backward).
         self.recompute_activation = config.recompute_granularity == "selective" and "moe_act" in config.recompute_modules
+        self.fc1_offload, self.act_offload = ActivationOffload(config, "expert_fc1"), ActivationOffload(config, "moe_act")
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        intermediate = grouped_linear(rows, self.linear_fc1.weights(), tokens_per_expert, self.use_grouped_mm)
-        if not (self.recompute_activation and self.training and torch.is_grad_enabled()):
-            return grouped_linear(
-                self.activation(intermediate), self.linear_fc2.weights(), tokens_per_expert, self.use_grouped_mm
-            )
-        recompute = CheckpointWithoutOutput()
-        activated = recompute.checkpoint(self.activation, intermediate)
+        with self.fc1_offload.scope():
+            intermediate = grouped_linear(rows, self.linear_fc1.weights(), tokens_per_expert, self.use_grouped_mm)
+        recompute = None
+        with self.act_offload.scope():
+            if self.recompute_activation and self.training and torch.is_grad_enabled():
+                recompute = CheckpointWithoutOutput()
+                activated = recompute.checkpoint(self.activation, intermediate)
+            else:
+                activated = self.activation(intermediate)
         output = grouped_linear(activated, self.linear_fc2.weights(), tokens_per_expert, self.use_grouped_mm)
-        recompute.discard_output_and_register_recompute(output)
+        if recompute is not None:
+            recompute.discard_output_and_register_recompute(output)
         return output

@@ -30,6 +30,11 @@ REFUSED_BY_VALIDATION = {
     "cuda_graph_modules": (["--cuda-graph-modules", "attn"], "--cuda-graph-modules attn: per-layer CUDA graphs "
                                                              "(--cuda-graph-impl local or transformer_engine) are "
                                                              "not supported yet"),
+    "activation_offload_fraction": (["--activation-offload-fraction", "0.5"], "--activation-offload-fraction 0.5: "
+                                    "offloading a fraction of the groups is not supported yet"),
+    "delta_offload_bytes_across_pp_ranks": (["--delta-offload-bytes-across-pp-ranks", "1024"],
+                                            "--delta-offload-bytes-across-pp-ranks 1024: balancing the offloaded "
+                                            "bytes over pipeline ranks is not supported yet"),
 }
 
 # Flags without effect that Megatron-LM accepts only with others (its rules, validate_overlap.py): a command

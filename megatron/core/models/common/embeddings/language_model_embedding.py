@@ -49,7 +49,7 @@ class LanguageModelEmbedding(MegatronModule):
         self.word_embeddings = VocabParallelEmbedding(
             vocab_size,
             config.hidden_size,
-            init_method=config.init_method,
+            init_method=config.embedding_init_method,
             reduce_scatter_embeddings=self.reduce_scatter_embeddings,
             config=config,
         )
@@ -65,7 +65,7 @@ class LanguageModelEmbedding(MegatronModule):
         )
         if self.config.perform_initialization:
             with torch.no_grad():
-                self.config.init_method(embedding.weight)
+                self.config.embedding_init_method(embedding.weight)
         return embedding
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, tokentype_ids=None) -> torch.Tensor:
@@ -80,6 +80,8 @@ class LanguageModelEmbedding(MegatronModule):
             if self.num_tokentypes <= 0:
                 raise ValueError("tokentype_ids given but the embedding was built with num_tokentypes=0")
             embeddings = embeddings + self.tokentype_embeddings(tokentype_ids).transpose(0, 1)
+        if self.config.use_mup and self.config.mup_embedding_mult != 1.0:
+            embeddings = embeddings * self.config.mup_embedding_mult
         if not self.config.sequence_parallel:
             return self.embedding_dropout(embeddings)
         if not self.reduce_scatter_embeddings and self.scatter_to_sequence_parallel:

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.mup import mark_embedding_parameters
 
 
 class LanguageModule(MegatronModule):
@@ -43,6 +44,11 @@ class LanguageModule(MegatronModule):
             self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
         if self.post_process and self.output_layer.weight is not None:
             self.output_layer.weight.is_embedding_or_output_parameter = True
+        if self.config.use_mup:  # muP's "embedding-class" params keep the base LR and epsilon
+            if getattr(self, "embedding", None) is not None:
+                mark_embedding_parameters(self.embedding)
+            if self.post_process and self.output_layer.weight is not None:
+                self.output_layer.weight.is_embedding_parameter = True
         last_stage_embedding = bool(getattr(self.config, "mtp_num_layers", None))
         if not (self.share_embeddings_and_output_weights or last_stage_embedding):
             return
