@@ -5,6 +5,7 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel import get_cuda_rng_tracker
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -12,6 +13,9 @@ VOCAB, SEQ = 64, 8
 
 
 def _model(**config):
+    # Weights are drawn from the model-parallel RNG stream when one is seeded (a test before this one in the
+    # same process may have left one): start from none, so that two calls build the same weights.
+    get_cuda_rng_tracker().reset()
     torch.manual_seed(0)
     config = TransformerConfig(
         num_layers=2, hidden_size=32, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0, **config
