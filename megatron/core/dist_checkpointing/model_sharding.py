@@ -12,8 +12,8 @@ Keys (Megatron-Core's `sharded_state_dict` of its local-spec models):
 
 with the layer's norms under the names of the linears they precede (Transformer Engine's fused modules):
 `input_layernorm.` -> `self_attention.linear_qkv.layer_norm_` (`self_attention.in_proj.layer_norm_` in a Gated
-DeltaNet layer), `pre_mlp_layernorm.` -> `mlp.linear_fc1.layer_norm_`. Every parallel linear of a layer also has `<linear>._extra_state`, a
-ShardedObject on the layer grid (its FP8 scaling state, None without one), as Megatron-Core writes it.
+DeltaNet layer), `pre_mlp_layernorm.` -> `mlp.linear_fc1.layer_norm_`. Every parallel linear of a layer also
+has `<linear>._extra_state`, a ShardedObject on the layer grid (its FP8 scaling state, None without one), as Megatron-Core writes it.
 
 Where a tensor sits comes from the attributes every tensor-parallel layer sets on its params
 (tensor_parallel/layers.py):

@@ -177,8 +177,9 @@ def get_megatron_optimizer(
     """The Megatron optimizer for the trainable params of `model_chunks` (one chunk per virtual stage).
 
     Param groups: no weight decay for biases and 1-D params (but the q/k layernorms' with
-    `apply_wd_to_qk_layernorm`; or where `no_weight_decay_cond(name, param)`), `lr * lr_mult` where `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for
-    params marked `is_embedding_or_output_parameter`. Expert-parallel params (`allreduce=False`) get
+    `apply_wd_to_qk_layernorm`; or where `no_weight_decay_cond(name, param)`), `lr * lr_mult` where
+    `scale_lr_cond(name, param)`, `decoupled_lr`/`decoupled_min_lr` for params marked
+    `is_embedding_or_output_parameter`. Expert-parallel params (`allreduce=False`) get
     their own optimizer, whose statistics are reduced over the expert groups. With `mup_width_mult` (the model
     config's, under muP) the hidden and vector-like params get muP's learning rates and epsilon (mup.py).
     """

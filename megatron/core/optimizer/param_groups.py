@@ -18,8 +18,8 @@ Each group also carries `max_lr`/`min_lr`, which the scheduler decays between.
 Group order is Megatron-LM's, because a torch-format optimizer state indexes params by their position over
 all groups: every rank lists the union of the keys of all ranks (a pipeline stage without, say, decoupled-LR
 params holds that group empty), the group without overrides first, then the others sorted by their sorted
-(override name, value) pairs (`max_lr` for the decoupled LR, `lr_mult`, `wd_mult`, the `overrides`); equal overrides keep
-the order in which the params first appear.
+(override name, value) pairs (`max_lr` for the decoupled LR, `lr_mult`, `wd_mult`, the `overrides`); equal
+overrides keep the order in which the params first appear.
 """
 
 from typing import Callable, Dict, List, Optional, Tuple
