@@ -81,9 +81,14 @@ class RoundTripPickler(pickle._Pickler):
     def save_global(self, obj, name=None):
         if isinstance(obj, type) and issubclass(obj, UnreadableObject) and obj is not UnreadableObject:
             module, _, qualified = obj.qualified_name.rpartition(".")
-            self.save(module)
-            self.save(qualified)
-            self.write(pickle.STACK_GLOBAL)
+            # The opcode pickle itself writes at this protocol: torch.save's protocol 2 gets GLOBAL, the only
+            # one the weights_only unpickler (Megatron-LM's torch-format loader) reads.
+            if self.proto >= 4:
+                self.save(module)
+                self.save(qualified)
+                self.write(pickle.STACK_GLOBAL)
+            else:
+                self.write(pickle.GLOBAL + f"{module}\n{qualified}\n".encode("utf-8"))
             self.memoize(obj)
             return
         super().save_global(obj, name)

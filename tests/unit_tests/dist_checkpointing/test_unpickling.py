@@ -47,6 +47,11 @@ def test_missing_classes_and_members_become_placeholders_and_round_trip(tmp_path
     monkeypatch.setattr(sys.modules["other_megatron_enums"], "Scope", scope, raising=False)
     back = torch.load(resaved, weights_only=False)
     assert back["args"].scope is scope.attention and back["args"].scopes == [scope.full]
+    # Megatron-LM reads its checkpoints with weights_only=True and its enums allow-listed: the file must use
+    # only the opcodes of torch.save's protocol, which that unpickler knows.
+    with torch.serialization.safe_globals([scope, argparse.Namespace]):
+        safe = torch.load(resaved, weights_only=True)
+    assert safe["args"].scope is scope.attention
 
 
 def test_an_enum_member_this_installation_lacks_becomes_a_placeholder(tmp_path, monkeypatch):
