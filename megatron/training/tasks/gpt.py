@@ -27,7 +27,7 @@ from megatron.training.batch_broadcast import GPT_BATCH_KEYS, get_batch_on_this_
 from megatron.training.console import print_rank_0
 from megatron.training.datasets.blend import get_blend_and_blend_per_split
 from megatron.training.datasets.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
-from megatron.training.global_vars import get_timers, get_tokenizer
+from megatron.training.global_vars import get_args, get_timers, get_tokenizer
 from megatron.training.run_callbacks import RunCallback
 
 
@@ -103,13 +103,12 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, args=None):
 
     While the re-run engine validates results (--rerun-mode validate_results), this rank's loss sum is
     validated as in Megatron's pretrain_gpt (`validate_loss`) by the checks the run's `args` ask for (the
-    forward step binds them; a caller without them validates nothing).
+    forward step binds them; `validate_loss` says what a caller without them gets).
     """
     losses = output_tensor.view(-1).float()
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(losses * mask)
-    if args is not None:
-        validate_loss(loss_sum, args)
+    validate_loss(loss_sum, args)
     num_tokens = mask.sum().to(torch.int)
     report = torch.stack([loss_sum.detach(), num_tokens.detach().float()])
     cp_size = parallel_state.get_context_parallel_world_size()
@@ -124,13 +123,18 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, args=None):
 SPIKY_LOSS_FACTOR = 10
 
 
-def validate_loss(loss: torch.Tensor, args) -> None:
+def validate_loss(loss: torch.Tensor, args=None) -> None:
     """This rank's microbatch loss through the re-run engine, when it validates results: NaN and Inf (with
     --check-for-nan-in-loss-and-grad; fatal, the forward pass being deterministic: no tolerance), spikes
-    (with --check-for-spiky-loss; not fatal)."""
+    (with --check-for-spiky-loss; not fatal).
+
+    A compatibility entry point: a loss function bound without `args` (Megatron-LM's `partial(loss_func,
+    loss_mask)` in a user's own forward step) reads the run's `get_args()`, which exists whenever the engine
+    validates (only the Trainer starts it so)."""
     engine = get_rerun_state_machine()
     if engine.get_mode() != RerunMode.VALIDATE_RESULTS:
         return
+    args = args if args is not None else get_args()
     if args.check_for_nan_in_loss_and_grad:
         engine.validate_result(loss, torch.isnan, "found NaN in local forward loss calculation", fatal=True)
         engine.validate_result(loss, torch.isinf, "found Inf in local forward loss calculation", fatal=True)

@@ -18,6 +18,7 @@ COMPATIBILITY_ENTRY_POINTS = {
     ("megatron/training/checkpointing/saving.py", "save_checkpoint"),
     ("megatron/training/checkpointing/loading.py", "load_checkpoint"),
     ("megatron/training/checkpointing/checkpoint_args.py", "check_checkpoint_args"),
+    ("megatron/training/tasks/gpt.py", "validate_loss"),
 }
 
 
