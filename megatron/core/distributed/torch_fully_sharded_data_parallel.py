@@ -98,7 +98,12 @@ class TorchFullyShardedDataParallel(_BaseDataParallel):
         mesh = DeviceMesh.from_group(self.process_group, device.type)
         reshard = getattr(ddp_config, "reshard_after_forward", True)
         attributes = _param_attributes(module)
-        layer_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
+        # A unit's inputs pass as they come, as into a layer of a DDP run: the hidden states are in the compute
+        # dtype already (or fp32 with --fp32-residual-connection), the rotary angles stay fp32. FSDP2 casts the
+        # inputs in forward but not when activation recompute re-runs the forward in backward, which then
+        # computed other values than it saved (and bf16 angles are off by whole radians at long positions).
+        layer_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype,
+                                           cast_forward_inputs=False)
         for unit in _units(module):
             self._prepare_unsharded_params(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=layer_policy)

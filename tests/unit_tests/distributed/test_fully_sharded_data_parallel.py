@@ -117,3 +117,41 @@ def test_each_sharding_strategy_trains_like_one_process():
             for name, value in weights.items():
                 torch.testing.assert_close(value, reference_weights[name], rtol=1e-5, atol=1e-5, msg=lambda message: f"{strategy} {name}: {message}")
 
+
+
+def _rope_loss_and_grads(recompute: bool):
+    """One bf16 step of a RoPE model under FSDP2 (one rank): its loss, full gradients and the dtypes of the
+    rotary angles as each layer's forward received them (recomputed forwards included)."""
+    torch.manual_seed(3)
+    config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
+                               hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, bf16=True,
+                               params_dtype=torch.bfloat16,
+                               recompute_granularity="full" if recompute else None,
+                               recompute_method="uniform" if recompute else None,
+                               recompute_num_layers=1 if recompute else None)
+    model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, position_embedding_type="rope")
+    ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
+                                               data_parallel_sharding_strategy="optim_grads_params")
+    wrapped = FullyShardedDataParallel(config, ddp_config, model)
+    angle_dtypes = []
+    for layer in model.decoder.layers:  # after FSDP's own pre-forward hook
+        layer.register_forward_pre_hook(
+            lambda module, args, kwargs: angle_dtypes.append(kwargs["rotary_pos_emb"].dtype), with_kwargs=True)
+    loss = _loss(wrapped, _global_batches(1)[0])
+    loss.backward()
+    grads = {name: param.grad.full_tensor() for name, param in wrapped.module.named_parameters()}
+    return loss.item(), grads, angle_dtypes
+
+
+def test_full_recompute_of_rope_layers_recomputes_the_forward_exactly(single_rank_groups):
+    """The rotary angles enter each layer unit in fp32, as in a DDP run, also when full recompute runs the
+    layer again in backward. FSDP2 casts a unit's inputs to the compute dtype in forward (MixedPrecisionPolicy's
+    cast_forward_inputs) but, in torch 2.11, not in the recomputed forward: the GPU run then stopped with
+    torch.utils.checkpoint's 'different metadata' error; and bf16 angles are off by radians at long positions."""
+    loss, grads, angle_dtypes = _rope_loss_and_grads(recompute=False)
+    recomputed_loss, recomputed_grads, recomputed_angle_dtypes = _rope_loss_and_grads(recompute=True)
+    assert angle_dtypes == [torch.float32] * 2
+    assert recomputed_angle_dtypes == [torch.float32] * 4  # forward, then the recompute in backward
+    assert recomputed_loss == loss
+    for name, grad in grads.items():
+        torch.testing.assert_close(recomputed_grads[name], grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
