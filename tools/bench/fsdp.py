@@ -43,9 +43,13 @@ SPEED = GPT_1_3B + ["--global-batch-size", "16", "--log-interval", "1"]
 LAYOUTS = [
     ("distributed optimizer", DP2),
     ("--use-torch-fsdp2", ["--use-torch-fsdp2", "--overlap-grad-reduce"]),
+    ("--use-torch-fsdp2, no reshard", ["--use-torch-fsdp2", "--overlap-grad-reduce",
+                                        "--torch-fsdp2-no-reshard-after-forward"]),
     ("megatron-fsdp optim_grads", ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"]),
     ("megatron-fsdp optim_grads_params",
      ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]),
+    ("distributed optimizer, compiled", DP2 + ["--use-torch-compile"]),
+    ("--use-torch-fsdp2, compiled", ["--use-torch-fsdp2", "--overlap-grad-reduce", "--use-torch-compile"]),
 ]
 LLAMA = ["--group-query-attention", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--bf16", "--hidden-size", "4096",
@@ -82,10 +86,22 @@ def peak_gib(output: str) -> float:
     return max(float(value) for value in re.findall(r"max allocated: ([0-9.]+)", output)) / 1024
 
 
-def speed() -> list[str]:
+def profile_flags(directory: str, index: int) -> list[str]:
+    """Both ranks' `torch.profiler` traces of iterations 20-22 into `directory`/<layout index>; the console then
+    prints each rank's kernel summary (ms per step per kernel class, GPU busy fraction)."""
+    return ["--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "23",
+            "--profile-ranks", "0", "1", "--tensorboard-dir", os.path.join(directory, str(index), "tensorboard")]
+
+
+def speed(layouts: list[int], profile_dir: str | None) -> list[str]:
     results = []
-    for name, flags in LAYOUTS:
+    for index in layouts:
+        name, flags = LAYOUTS[index]
+        if profile_dir:
+            flags = flags + profile_flags(profile_dir, index)
         output = train(2, SPEED + flags, base=BASE, timeout=RUN_TIMEOUT_S, environment=ENVIRONMENT)
+        for line in re.findall(r"^profile of iterations.*$", output, flags=re.MULTILINE):
+            print(f"{name}: {line}", flush=True)
         results.append((name, median_after_warmup(r"tokens/s/GPU: ([0-9.]+)", output), peak_gib(output),
                         losses(output)))
     reference_tokens, reference_losses = results[0][1], results[0][3]
@@ -128,11 +144,18 @@ def main() -> int:
     parser.add_argument("--sections", default="speed,largest", help="comma-separated: speed, largest")
     parser.add_argument("--modes", default=",".join(MODES), help=f"largest: comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--first-layers", type=int, default=FIRST_LAYERS, help="largest: the first size tried")
+    parser.add_argument("--layouts", default=",".join(str(index) for index in range(len(LAYOUTS))),
+                        help="speed: comma-separated indices into " + "; ".join(
+                            f"{index} {name}" for index, (name, _) in enumerate(LAYOUTS)) + " (the first is the "
+                        "reference of the ratios)")
+    parser.add_argument("--profile", metavar="DIR", help="speed: profile iterations 20-22 of each layout on both "
+                        "ranks, traces under DIR")
     options = parser.parse_args()
     sections = options.sections.split(",")
     if "speed" in sections:
         print("\nGPT 1.3B, bf16, seq 2048, micro batch 4 x 2 microbatches per GPU, DP=2:")
-        print("\n".join(speed()), flush=True)
+        layouts = [int(index) for index in options.layouts.split(",")]
+        print("\n".join(speed(layouts, options.profile)), flush=True)
     if "largest" in sections:
         print("\nLlama-style (h 4096, ffn 14336, seq 4096, micro batch 1), 2 GPUs, largest that trains:")
         print("\n".join(largest(options.modes.split(","), options.first_layers)), flush=True)
