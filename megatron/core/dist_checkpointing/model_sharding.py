@@ -31,6 +31,10 @@ building the dict is collective over that group. Replica ids are (pipeline copy,
 only (0, 0, 0) writes. The tied output weight of the last pipeline stage, or its word embedding with
 multi-token prediction, is a copy of `embedding.word_embeddings.weight` (pipeline copy 1).
 
+A weight stored in FP8 (megatron/core/fp8/params.py) is saved as its value in the dtype it stands for (bf16
+under --bf16), as Megatron-LM writes Transformer Engine's FP8 params, and loaded through that dtype and a
+cast, so its checkpoint loads into a run without FP8 weights and the other way round.
+
 Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers (local expert i of a MoE layer is
 expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated over the
 expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP rank), so a checkpoint does
@@ -49,6 +53,7 @@ from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.fully_sharded_pieces import local_row_pieces, shape_carrier
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, TensorPiece
 from megatron.core.dtensor_shards import is_fully_sharded
+from megatron.core.fp8.params import dequantize_fp8_param, is_fp8_param
 
 EXPERT_KEY_MARKER = "mlp.experts."
 EXTRA_STATE_SUFFIX = "_extra_state"
@@ -398,18 +403,26 @@ def without_absent_extra_states(model_request: Dict[str, object], saved: set) ->
 
 
 def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None:
-    """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored)."""
+    """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored), then
+    a weight stored in FP8 its loaded high-precision value, cast with that state."""
     for module_name, module in _parallel_linears(model):
+        state = {}
         value = loaded.get(f"{module_name}.{EXTRA_STATE_SUFFIX}")
         if value is not None:
-            module.load_state_dict({EXTRA_STATE_SUFFIX: value}, strict=False)
+            state[EXTRA_STATE_SUFFIX] = value
+        weight = loaded.get(f"{module_name}.weight")
+        if is_fp8_param(module.weight) and weight is not None:
+            pieces = weight if isinstance(weight, list) else [weight]  # in order, tiling the flattened weight
+            state["weight"] = torch.cat([piece.reshape(-1) for piece in pieces]).view(module.weight.shape)
+        if state:
+            module.load_state_dict(state, strict=False)
 
 
 def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loading: bool = False,
                              without_fully_sharded: bool = False) -> Dict[str, object]:
     """{state-dict name: ShardedTensor (or a list of them for strided partitions) or ShardedObject} of
     `model`; the tensors' data are the live tensors, so loading into it loads the model in place (the
-    `_extra_state` objects then go in with `load_extra_states`). Collective over TP.
+    `_extra_state` objects, and weights stored in FP8, then go in with `load_extra_states`). Collective over TP.
 
     FSDP shards (fully_sharded_pieces.py) are saved in their `saved_dtype` (the dtype a DDP run of the same
     precision keeps its params in: bf16 copies of the fp32 shards under --bf16) and loaded into the fp32 shards
@@ -417,6 +430,12 @@ def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loadin
     main params into the same shards."""
     sharded = {}
     for name, tensor, pieces in model_tensor_pieces(model, prefix):
+        if is_fp8_param(tensor):
+            # Saved: the value in high precision; loaded: into such a copy (initially the current value, for a
+            # key the checkpoint lacks), which `load_extra_states` casts into the weight.
+            value = dequantize_fp8_param(tensor).reshape(-1)
+            pieces = [(piece.with_data(value[start : start + piece.data.numel()].view(piece.local_shape)), start)
+                      for piece, start in pieces]
         if is_fully_sharded(tensor):
             if without_fully_sharded:
                 continue

@@ -30,7 +30,7 @@ class Fp8Tensor(NamedTuple):
     """A quantized operand: `data` stands for data * scale_inv."""
 
     data: torch.Tensor  # float8 [rows, columns]
-    scale: torch.Tensor  # 0-dim fp32: data = saturate(x * scale)
+    scale: torch.Tensor | None  # 0-dim fp32: data = saturate(x * scale) (None: a weight stored in FP8, params.py)
     scale_inv: torch.Tensor  # 0-dim fp32: 1 / scale
     transposed: torch.Tensor | None = None  # float8 [columns, rows padded to 16], contiguous, if asked for
 
