@@ -31,9 +31,10 @@ building the dict is collective over that group. Replica ids are (pipeline copy,
 only (0, 0, 0) writes. The tied output weight of the last pipeline stage, or its word embedding with
 multi-token prediction, is a copy of `embedding.word_embeddings.weight` (pipeline copy 1).
 
-A weight stored in FP8 (megatron/core/fp8/params.py) is saved as its value in the dtype it stands for (bf16
-under --bf16), as Megatron-LM writes Transformer Engine's FP8 params, and loaded through that dtype and a
-cast, so its checkpoint loads into a run without FP8 weights and the other way round.
+A weight stored in FP8 (float8 dtype, megatron/core/fp8/params.py) is saved as its value in the dtype it
+stands for (bf16 under --bf16), which its layer's state dict gives, as Megatron-LM writes Transformer Engine's
+FP8 params, and loaded through that dtype and a cast by its layer, so its checkpoint loads into a run without
+FP8 weights and the other way round.
 
 Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers (local expert i of a MoE layer is
 expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated over the
@@ -53,7 +54,6 @@ from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.fully_sharded_pieces import local_row_pieces, shape_carrier
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, TensorPiece
 from megatron.core.dtensor_shards import is_fully_sharded
-from megatron.core.fp8.params import dequantize_fp8_param, is_fp8_param
 
 EXPERT_KEY_MARKER = "mlp.experts."
 EXTRA_STATE_SUFFIX = "_extra_state"
@@ -346,6 +346,11 @@ def _sectioned_pieces(key, tensor, sections, tp_size, tp_rank, replica_id, misma
     return pieces
 
 
+def _stored_in_fp8(tensor: Optional[torch.Tensor]) -> bool:
+    """A weight its layer stores in FP8 (the module docstring): its state-dict value is in high precision."""
+    return tensor is not None and tensor.dtype == torch.float8_e4m3fn
+
+
 def _parallel_linears(model: torch.nn.Module, output_layer: bool = False) -> Iterator[Tuple[str, torch.nn.Module]]:
     """(name, module) of the parallel linears whose `_extra_state` Megatron-Core checkpoints: all of them in
     a torch-format file, all but the model's output layer in a sharded one (GPTModel drops that one's)."""
@@ -411,7 +416,7 @@ def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None
         if value is not None:
             state[EXTRA_STATE_SUFFIX] = value
         weight = loaded.get(f"{module_name}.weight")
-        if is_fp8_param(module.weight) and weight is not None:
+        if _stored_in_fp8(module.weight) and weight is not None:
             pieces = weight if isinstance(weight, list) else [weight]  # in order, tiling the flattened weight
             state["weight"] = torch.cat([piece.reshape(-1) for piece in pieces]).view(module.weight.shape)
         if state:
@@ -429,11 +434,13 @@ def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loadin
     (DCP converts); `without_fully_sharded` leaves them out, for a load whose optimizer entry brings the fp32
     main params into the same shards."""
     sharded = {}
-    for name, tensor, pieces in model_tensor_pieces(model, prefix):
-        if is_fp8_param(tensor):
+    tensor_pieces = list(model_tensor_pieces(model, prefix))
+    values = model.state_dict() if any(_stored_in_fp8(tensor) for _, tensor, _ in tensor_pieces) else {}
+    for name, tensor, pieces in tensor_pieces:
+        if _stored_in_fp8(tensor):
             # Saved: the value in high precision; loaded: into such a copy (initially the current value, for a
             # key the checkpoint lacks), which `load_extra_states` casts into the weight.
-            value = dequantize_fp8_param(tensor).reshape(-1)
+            value = values[name].reshape(-1)
             pieces = [(piece.with_data(value[start : start + piece.data.numel()].view(piece.local_shape)), start)
                       for piece, start in pieces]
         if is_fully_sharded(tensor):

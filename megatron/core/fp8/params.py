@@ -21,13 +21,15 @@ What happens to q, each time the same as what a run without FP8 parameters quant
     optimizer step    q[piece] = cast(main[piece]) for the piece of each weight this data-parallel rank
                       owns, then the param all-gather moves the bytes (distributed optimizer); the plain
                       mixed-precision optimizer casts whole weights
-    checkpoint        written as W in `weight_dtype` (the model state dict, torch_dist), read back by a cast
+    checkpoint        written as W in `weight_dtype` (the model state dict, torch_dist), read back by a cast;
+                      after the optimizer's state is loaded too, its exact main params are cast again
+                      (`MegatronOptimizer.refresh_fp8_params`), so a resumed run continues bitwise
 
     cast(V) = saturate(round_to_weight_dtype(V) * scale) in E4M3; the rounding to bf16 first gives the bytes
               a bf16 weight would give (as Megatron-LM and Transformer Engine do)
 
-Scales: with the delayed recipe a cast uses the weight's current scale and folds the new weight's amax into
-this step's amax row; with the tensorwise recipe the scale comes from that amax. The amax is the max over
+Scales: with the delayed recipe a cast uses the weight's current scale and makes the new weight's amax this
+step's amax of the weight; with the tensorwise recipe the scale comes from that amax. The amax is the max over
 the ranks that each cast a piece (the data-parallel group), one all-reduce for all weights. A bf16 run
 records the same amax at its next forward, so scales, bytes and losses are those of a run without FP8
 parameters (the delayed recipe bit for bit; tensorwise as well). One difference: a step skipped for an fp16
