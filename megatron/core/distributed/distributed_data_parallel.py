@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .. import parallel_state
-from ..fp8.params import fp8_param_dtype, is_fp8_param
+from ..fp8.params import fp8_param_dtype, fp8_param_tensors, is_fp8_param
 from .data_parallel_base import _BaseDataParallel
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_buffer import _ParamAndGradBuffer
@@ -271,8 +271,9 @@ class DistributedDataParallel(_BaseDataParallel):
             buffer.reset()
 
     def broadcast_params(self) -> None:
-        """Copies every param from the first rank of its data-parallel group to the others."""
+        """Copies every param (a weight stored in FP8 with its scale) from the first rank of its data-parallel
+        group to the others."""
         for param in self.module.parameters():
             group = self.dp_cp_group if getattr(param, "allreduce", True) else self.expert_dp_group
-            data = param.data.view(torch.uint8) if is_fp8_param(param) else param.data
-            dist.broadcast(data, src=dist.get_global_rank(group, 0), group=group)
+            for tensor in fp8_param_tensors(param) if is_fp8_param(param) else [param.data]:
+                dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group)

@@ -128,6 +128,15 @@ def load_fp8_weight(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     release_initial_weights([param])
 
 
+def fp8_param_tensors(param: torch.nn.Parameter) -> List[torch.Tensor]:
+    """What makes up an FP8 parameter on this rank, for a copy from another rank (DDP's `broadcast_params`): its
+    bytes (as uint8: collectives need not know float8), inverse scale, scaling state (delayed recipe) and kept
+    initial weight."""
+    scaling = param.fp8_scaling
+    tensors = [param.data.view(torch.uint8), scaling.weight_scale_inv, scaling.meta, scaling.initial_weight]
+    return [tensor for tensor in tensors if tensor is not None]
+
+
 def apply_keeping_fp8_weight(layer: torch.nn.Module, apply, fn, recurse: bool = True) -> torch.nn.Module:
     """`Module._apply` of a layer whose weight may be an FP8 parameter (`apply` is the layer's super()._apply):
     the bytes only follow device moves. A cast such as `.to(torch.bfloat16)` would turn the FP8 values into
