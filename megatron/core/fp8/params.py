@@ -44,7 +44,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from megatron.core.fp8.quantize import quantize_with_amax
+from megatron.core.fp8.quantize import quantize_rounded
 
 FP8_PARAM_DTYPE = torch.float8_e4m3fn  # weights are E4M3 in both formats (hybrid uses E5M2 for gradients only)
 
@@ -85,18 +85,19 @@ def cast_into_fp8_params(params: Sequence[torch.nn.Parameter], values: Sequence[
     if not params:
         return
     starts = starts if starts is not None else [0] * len(params)
-    rounded = [None if value is None else value.reshape(-1).to(fp8_param_dtype(param))
-               for param, value in zip(params, values)]
+    values = [None if value is None or not value.numel() else value.reshape(-1) for value in values]
     zero = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    amaxes = torch.stack([value.abs().amax().float() if value is not None and value.numel() else zero
-                          for value in rounded])  # [P]
+    # max |round(V)| = round(max |V|) (rounding is monotonic): the amaxes without a rounded copy of V.
+    amaxes = torch.stack([zero if value is None else
+                          torch.linalg.vector_norm(value, float("inf")).to(fp8_param_dtype(param)).float()
+                          for param, value in zip(params, values)])  # [P]
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=group)
-    for param, value, start, amax in zip(params, rounded, starts, amaxes.unbind()):
+    for param, value, start, amax in zip(params, values, starts, amaxes.unbind()):
         scaling = param.fp8_scaling
         scale = scaling.weight_write_scale(amax)
-        if value is not None and value.numel():
-            quantized = quantize_with_amax(value, scale, FP8_PARAM_DTYPE)[0]
+        if value is not None:
+            quantized = quantize_rounded(value, scale, FP8_PARAM_DTYPE, scaling.weight_dtype)
             param.detach().view(-1)[start : start + value.numel()].copy_(quantized)
         scaling.weight_written(scale, amax)
 

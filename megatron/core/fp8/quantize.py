@@ -95,6 +95,13 @@ def quantize_current_and_transpose(x: torch.Tensor, dtype: torch.dtype, margin: 
 
 
 @cuda_fuser
+def quantize_rounded(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, rounded_to: torch.dtype) -> torch.Tensor:
+    """saturate(round(x) * scale) as `dtype`, x rounded to `rounded_to` first (an fp32 main param to the bf16 its
+    model weight would hold): one pass over x on CUDA, no rounded copy kept."""
+    return saturating_cast(x.to(rounded_to), scale, dtype)
+
+
+@cuda_fuser
 def quantize_transposed(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """saturate(x^T * scale), contiguous: x [rows, cols] -> [cols, rows] (a weight for the dX GEMM)."""
     return saturating_cast(x.t(), scale, dtype).contiguous()
