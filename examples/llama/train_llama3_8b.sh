@@ -74,10 +74,10 @@ TRAINING_ARGS=(
     --empty-unused-memory-level 1
 )
 # Megatron's script also trains in FP8 (--fp8-format hybrid --fp8-amax-history-len 1024
-# --fp8-amax-compute-algo max, which work here on GPUs of compute capability 8.9+: pass them after the
-# positional arguments; --fp8-param-gather is not supported yet) and shards the optimizer with overlapped
-# communication (--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather); they are left
-# out here.
+# --fp8-amax-compute-algo max --fp8-param-gather, which work here on GPUs of compute capability 8.9+: pass
+# them after the positional arguments) and shards the optimizer with overlapped communication
+# (--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather, which --fp8-param-gather needs);
+# they are left out here.
 
 # TP 1: one 8B model fits a GPU in bf16 (--sequence-parallel, which Megatron's script adds, only acts at TP > 1).
 MODEL_PARALLEL_ARGS=(

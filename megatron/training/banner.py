@@ -142,7 +142,9 @@ def _fp8_lines(args) -> list:
     if args.first_last_layers_bf16:
         start, end = args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16
         layers = f"layers {start + 1} to {args.num_layers - end} (the first {start} and last {end} in bf16)"
-    return [f"  {recipe.describe()}; {layers} (embedding and output layer in bf16)"]
+    stored = ("; their weights stored in FP8, cast from the fp32 main params and all-gathered as FP8 bytes "
+              "(--fp8-param-gather)") if args.fp8_param_gather else ""
+    return [f"  {recipe.describe()}; {layers} (embedding and output layer in bf16){stored}"]
 
 
 def _environment_lines() -> list:

@@ -118,6 +118,20 @@ def test_llama3_8b_script_trains_two_iterations_on_cpu(tmp_path):
     _assert_trained_two_iterations(output, tmp_path)
 
 
+# examples/llama/train_llama3_8b_h100_fp8.sh's FP8 and communication flags, which the script leaves out.
+MEGATRON_LLAMA3_FP8_FLAGS = [
+    "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max",
+    "--fp8-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+]
+
+
+def test_llama3_8b_script_trains_with_megatrons_fp8_flags_on_two_ranks(tmp_path):
+    """FP8 GEMMs with the weights stored in FP8 and all-gathered as bytes, at DP=2 (torch._scaled_mm on CPU)."""
+    output = _run(["bash", os.path.join(ROOT, "examples", "llama", "train_llama3_8b.sh"), "ckpt", "tb", "MOCK",
+                   "MOCK", *TINY_LLAMA_OVERRIDES, *MEGATRON_LLAMA3_FP8_FLAGS], cwd=tmp_path, GPUS_PER_NODE="2")
+    _assert_trained_two_iterations(output, tmp_path)
+
+
 def test_config_yaml_trains_two_iterations_with_command_line_overrides(tmp_path):
     output = _run([sys.executable, PRETRAIN_GPT, "--config-file", os.path.join(ROOT, "examples", "gpt3", "config.yaml"),
                    *TINY_OVERRIDES, "--save", "ckpt", "--save-interval", "100", "--tensorboard-dir", "tb"],

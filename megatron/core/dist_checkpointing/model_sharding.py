@@ -31,6 +31,11 @@ building the dict is collective over that group. Replica ids are (pipeline copy,
 only (0, 0, 0) writes. The tied output weight of the last pipeline stage, or its word embedding with
 multi-token prediction, is a copy of `embedding.word_embeddings.weight` (pipeline copy 1).
 
+A weight stored in FP8 (float8 dtype, megatron/core/fp8/params.py) is saved as its value in the dtype it
+stands for (bf16 under --bf16), which its layer's state dict gives, as Megatron-LM writes Transformer Engine's
+FP8 params, and loaded through that dtype and a cast by its layer, so its checkpoint loads into a run without
+FP8 weights and the other way round.
+
 Routed experts (params marked `allreduce=False`) get GLOBAL expert numbers (local expert i of a MoE layer is
 expert ep_rank x E/ep + i), are split over the expert-tensor-parallel group and replicated over the
 expert-data-parallel ranks: their replica ids are (0, expert-TP copy, expert-DP rank), so a checkpoint does
@@ -341,6 +346,11 @@ def _sectioned_pieces(key, tensor, sections, tp_size, tp_rank, replica_id, misma
     return pieces
 
 
+def _stored_in_fp8(tensor: Optional[torch.Tensor]) -> bool:
+    """A weight its layer stores in FP8 (the module docstring): its state-dict value is in high precision."""
+    return tensor is not None and tensor.dtype == torch.float8_e4m3fn
+
+
 def _parallel_linears(model: torch.nn.Module, output_layer: bool = False) -> Iterator[Tuple[str, torch.nn.Module]]:
     """(name, module) of the parallel linears whose `_extra_state` Megatron-Core checkpoints: all of them in
     a torch-format file, all but the model's output layer in a sharded one (GPTModel drops that one's)."""
@@ -398,25 +408,41 @@ def without_absent_extra_states(model_request: Dict[str, object], saved: set) ->
 
 
 def load_extra_states(model: torch.nn.Module, loaded: Dict[str, object]) -> None:
-    """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored)."""
+    """Gives each parallel linear the `_extra_state` loaded for it (FP8 scaling state; None is ignored), then
+    a weight stored in FP8 its loaded high-precision value, cast with that state."""
     for module_name, module in _parallel_linears(model):
+        state = {}
         value = loaded.get(f"{module_name}.{EXTRA_STATE_SUFFIX}")
         if value is not None:
-            module.load_state_dict({EXTRA_STATE_SUFFIX: value}, strict=False)
+            state[EXTRA_STATE_SUFFIX] = value
+        weight = loaded.get(f"{module_name}.weight")
+        if _stored_in_fp8(module.weight) and weight is not None:
+            pieces = weight if isinstance(weight, list) else [weight]  # in order, tiling the flattened weight
+            state["weight"] = torch.cat([piece.reshape(-1) for piece in pieces]).view(module.weight.shape)
+        if state:
+            module.load_state_dict(state, strict=False)
 
 
 def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loading: bool = False,
                              without_fully_sharded: bool = False) -> Dict[str, object]:
     """{state-dict name: ShardedTensor (or a list of them for strided partitions) or ShardedObject} of
     `model`; the tensors' data are the live tensors, so loading into it loads the model in place (the
-    `_extra_state` objects then go in with `load_extra_states`). Collective over TP.
+    `_extra_state` objects, and weights stored in FP8, then go in with `load_extra_states`). Collective over TP.
 
     FSDP shards (fully_sharded_pieces.py) are saved in their `saved_dtype` (the dtype a DDP run of the same
     precision keeps its params in: bf16 copies of the fp32 shards under --bf16) and loaded into the fp32 shards
     (DCP converts); `without_fully_sharded` leaves them out, for a load whose optimizer entry brings the fp32
     main params into the same shards."""
     sharded = {}
-    for name, tensor, pieces in model_tensor_pieces(model, prefix):
+    tensor_pieces = list(model_tensor_pieces(model, prefix))
+    values = model.state_dict() if any(_stored_in_fp8(tensor) for _, tensor, _ in tensor_pieces) else {}
+    for name, tensor, pieces in tensor_pieces:
+        if _stored_in_fp8(tensor):
+            # Saved: the value in high precision; loaded: into such a copy (initially the current value, for a
+            # key the checkpoint lacks), which `load_extra_states` casts into the weight.
+            value = values[name].reshape(-1)
+            pieces = [(piece.with_data(value[start : start + piece.data.numel()].view(piece.local_shape)), start)
+                      for piece, start in pieces]
         if is_fully_sharded(tensor):
             if without_fully_sharded:
                 continue

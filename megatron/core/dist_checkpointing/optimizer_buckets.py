@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-from megatron.core.optimizer.distrib_optimizer_state import STATE_KEYS, owned_state
+from megatron.core.optimizer.distrib_optimizer_state import STATE_KEYS, fp8_param_gather_note, owned_state
 
 DP_RESHARDABLE = "dp_reshardable"
 
@@ -111,11 +111,12 @@ def check_buckets(sub, saved_shapes: Dict[str, tuple], prefix: str = "") -> None
             if saved != (bucket.numel_unpadded,):
                 found = sorted(name for name in saved_shapes
                                if name.startswith(group_prefix) and name.endswith(".param"))
+                saved_uint8 = [torch.uint8] if any(".dtype_(torch.uint8," in name for name in found) else []
                 raise ValueError(
                     f"the checkpoint's distributed-optimizer state (layout dp_reshardable) does not fit this run: "
                     f"{key} should hold {bucket.numel_unpadded} elements, the checkpoint has "
                     f"{'no such tensor' if saved is None else saved} (its buckets: {found or 'none'}). That layout "
                     "reloads only under the saving run's tensor/pipeline-parallel sizes, precision and buckets "
                     "(--ddp-bucket-size, --overlap-grad-reduce); save with --dist-ckpt-optim-fully-reshardable to "
-                    "reshard, or pass --no-load-optim"
+                    "reshard, or pass --no-load-optim." + fp8_param_gather_note(saved_uint8, sub)
                 )

@@ -21,6 +21,10 @@ When the reduction happens:
 With the distributed optimizer the optimizer step updates this rank's shard of the param buffer and the
 params are all-gathered: at once, or with overlap_param_gather bucket by bucket from forward pre-hooks
 of the next forward (see param_and_grad_bucket.py).
+
+Weights stored in FP8 (`fp8_param_gather`, megatron/core/fp8/params.py) have buffers of their own: a uint8
+param buffer (one byte per element, so their all-gather moves half of bf16's bytes) and a grad buffer of
+the dtype they stand for (or fp32), which their FP8 GEMMs write directly.
 """
 
 import logging
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .. import parallel_state
+from ..fp8.params import fp8_param_dtype, fp8_param_tensors, is_fp8_param
 from .data_parallel_base import _BaseDataParallel
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_buffer import _ParamAndGradBuffer
@@ -128,6 +133,11 @@ class DistributedDataParallel(_BaseDataParallel):
             self.bucket_size = None
 
         self.params_with_grad = [param for param in module.parameters() if param.requires_grad]
+        if any(is_fp8_param(param) for param in self.params_with_grad) and not ddp_config.fp8_param_gather:
+            raise ValueError(
+                "the model stores weights in FP8 (TransformerConfig.fp8_param): wrap it with "
+                "DistributedDataParallelConfig(fp8_param_gather=True) (--fp8-param-gather sets both)"
+            )
         self.param_to_name = {param: name for name, param in module.named_parameters() if param.requires_grad}
         dense_params = [param for param in self.params_with_grad if getattr(param, "allreduce", True)]
         expert_params = [param for param in self.params_with_grad if not getattr(param, "allreduce", True)]
@@ -153,11 +163,15 @@ class DistributedDataParallel(_BaseDataParallel):
     def _allocate_buffers(
         self, params: List[torch.nn.Parameter], data_parallel_group, gradient_scaling_factor: float
     ) -> List[_ParamAndGradBuffer]:
-        """One buffer per (param dtype, grad dtype), params kept in module order within each."""
+        """One buffer per (param dtype, grad dtype), params kept in module order within each; FP8 weights in
+        buffers of param dtype uint8 (their bytes), their gradients in the dtype they stand for."""
         params_by_dtype: Dict[tuple, List[torch.nn.Parameter]] = {}
         for param in params:
-            grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32 else param.dtype
-            params_by_dtype.setdefault((param.dtype, grad_dtype), []).append(param)
+            param_dtype, value_dtype = param.dtype, param.dtype
+            if is_fp8_param(param):
+                param_dtype, value_dtype = torch.uint8, fp8_param_dtype(param)
+            grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32 else value_dtype
+            params_by_dtype.setdefault((param_dtype, grad_dtype), []).append(param)
         return [
             _ParamAndGradBuffer(
                 self.ddp_config, param_dtype, grad_dtype, dtype_params, data_parallel_group,
@@ -257,7 +271,9 @@ class DistributedDataParallel(_BaseDataParallel):
             buffer.reset()
 
     def broadcast_params(self) -> None:
-        """Copies every param from the first rank of its data-parallel group to the others."""
+        """Copies every param (a weight stored in FP8 with its scale) from the first rank of its data-parallel
+        group to the others."""
         for param in self.module.parameters():
             group = self.dp_cp_group if getattr(param, "allreduce", True) else self.expert_dp_group
-            dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
+            for tensor in fp8_param_tensors(param) if is_fp8_param(param) else [param.data]:
+                dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group)

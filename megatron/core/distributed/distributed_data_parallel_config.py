@@ -48,7 +48,9 @@ class DistributedDataParallelConfig:
     """Average in the collective (ReduceOp.AVG) instead of pre-scaling gradients by 1/data-parallel size."""
 
     fp8_param_gather: bool = False
-    """Keep params in fp8 and all-gather them in fp8 (`--fp8-param-gather`): not supported yet."""
+    """The model stores the weights of its FP8 GEMMs in FP8 (`TransformerConfig.fp8_param`): they get uint8 param
+    buffers, so the distributed optimizer casts its main params into them and all-gathers FP8 bytes
+    (`--fp8-param-gather`)."""
 
     use_megatron_fsdp: bool = False
     """Megatron-FSDP (`--use-megatron-fsdp`): wrap with `FullyShardedDataParallel`, which shards as
@@ -71,10 +73,7 @@ class DistributedDataParallelConfig:
     `--megatron-fsdp-grad-comm-dtype`)."""
 
     def __post_init__(self):
-        unsupported = [
-            ("check_for_large_grads", "--check-for-large-grads"),
-            ("fp8_param_gather", "--fp8-param-gather"),
-        ]
+        unsupported = [("check_for_large_grads", "--check-for-large-grads")]
         problems = [f"{name} ({flag}) is not supported yet" for name, flag in unsupported if getattr(self, name)]
         if self.num_distributed_optimizer_instances != 1:
             problems.append(

@@ -5,7 +5,8 @@ is a view into it. With the distributed optimizer there is a param buffer of the
 `param.data` itself becomes a view into it, so that one all-gather per bucket refreshes the params:
 
     grad_data   [ p_n | p_n-1 | ... | p_1 ]       layout and padding: buffer_layout.py
-    param_data  [ p_n | p_n-1 | ... | p_1 ]       (distributed optimizer only)
+    param_data  [ p_n | p_n-1 | ... | p_1 ]       (distributed optimizer only; uint8 for weights stored in
+                                                  FP8, each `param.data` a float8 view of its bytes)
                 |<- bucket 0 ->|<- bucket 1 ->|   the collectives: param_and_grad_bucket.py
 """
 
@@ -74,7 +75,7 @@ class _ParamAndGradBuffer:
             start, end, _ = self.param_index_map[param]
             if self.param_data is not None:
                 initial = param.data
-                param.data = self.param_data[start:end].view(param.shape)
+                param.data = self.param_data[start:end].view(param.dtype).view(param.shape)
                 param.data.copy_(initial)
             param.main_grad = self.grad_data[start:end].view(param.shape)
 

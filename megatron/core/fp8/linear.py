@@ -17,7 +17,8 @@ without it, as Transformer Engine and torchao do.
 With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` and the weight is marked
 `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (the
 flag still False: DDP zeroed `main_grad` and nothing has written it since) is written straight into
-`main_grad` by the GEMM; later microbatches add theirs.
+`main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8 (params.py) takes this path
+always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd would cast its dW to FP8.
 
 On CUDA the GEMMs need compute capability 8.9 (Ada, Hopper) or newer; on CPU `torch._scaled_mm` computes
 the same products exactly (slowly), which is what the CPU tests run.
@@ -27,6 +28,7 @@ import functools
 
 import torch
 
+from megatron.core.fp8.params import is_fp8_param
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, Fp8Scaling
 from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
 
@@ -103,10 +105,11 @@ def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
         a, b = q_dy.transposed, wgrad_operand.t()  # [N, M'] row-major, [M', K] column-major
         if not ctx.accumulate:
             return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
+        main_grad = weight.main_grad
         if weight.grad_added_to_main_grad:
-            weight.main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, torch.float32))
+            main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype))
         else:
-            _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, torch.float32, out=weight.main_grad)
+            _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype, out=main_grad)
     weight.grad_added_to_main_grad = True
     return torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
 
@@ -115,10 +118,19 @@ def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
 def fp8_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: Fp8Scaling,
                gradient_accumulation_fusion: bool = False) -> torch.Tensor:
     """`F.linear(input, weight, bias)` with FP8 GEMMs (module docstring): input [..., K] -> [..., N].
-    With `gradient_accumulation_fusion` the weight gradient goes into `weight.main_grad` where DDP set one up."""
+    With `gradient_accumulation_fusion` the weight gradient goes into `weight.main_grad` where DDP set one up
+    (for a weight stored in FP8, always)."""
     _check_device(input.device)
-    accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
     # Inside the autograd function the grad mode is off and needs_input_grad ignores it: decided here.
     input_gradient = torch.is_grad_enabled() and input.requires_grad
     weight_gradient = torch.is_grad_enabled() and weight.requires_grad
+    if is_fp8_param(weight):
+        if weight_gradient and getattr(weight, "main_grad", None) is None:
+            raise ValueError(
+                "a weight stored in FP8 (TransformerConfig.fp8_param, --fp8-param-gather) gets its gradient in the "
+                "main_grad buffer of DistributedDataParallel: wrap the model in it to train"
+            )
+        accumulate = True
+    else:
+        accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
     return _Fp8Linear.apply(input, weight, bias, scaling, accumulate, input_gradient, weight_gradient)

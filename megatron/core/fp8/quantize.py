@@ -30,7 +30,7 @@ class Fp8Tensor(NamedTuple):
     """A quantized operand: `data` stands for data * scale_inv."""
 
     data: torch.Tensor  # float8 [rows, columns]
-    scale: torch.Tensor  # 0-dim fp32: data = saturate(x * scale)
+    scale: torch.Tensor | None  # 0-dim fp32: data = saturate(x * scale) (None: a weight stored in FP8, params.py)
     scale_inv: torch.Tensor  # 0-dim fp32: 1 / scale
     transposed: torch.Tensor | None = None  # float8 [columns, rows padded to 16], contiguous, if asked for
 
@@ -92,6 +92,13 @@ def quantize_current(x: torch.Tensor, dtype: torch.dtype, margin: int):
 def quantize_current_and_transpose(x: torch.Tensor, dtype: torch.dtype, margin: int):
     """`quantize_current` with q^T for a dW GEMM in place of None."""
     return _current(x, dtype, margin, transpose=True)
+
+
+@cuda_fuser
+def quantize_rounded(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, rounded_to: torch.dtype) -> torch.Tensor:
+    """saturate(round(x) * scale) as `dtype`, x rounded to `rounded_to` first (an fp32 main param to the bf16 its
+    model weight would hold): one pass over x on CUDA, no rounded copy kept."""
+    return saturating_cast(x.to(rounded_to), scale, dtype)
 
 
 @cuda_fuser

@@ -107,9 +107,12 @@ def fp8_gemm_size_problems(hidden: int, ffn: int, glu: bool, heads: int, groups:
 def fp8_config_problems(config) -> list:
     """Checks the fp8 fields of a TransformerConfig (after its derived sizes are filled); returns the problems."""
     if config.fp8 is None:
+        problems = []
         if config.first_last_layers_bf16:
-            return ["first_last_layers_bf16=True needs fp8 (it keeps layers out of FP8 training)"]
-        return []
+            problems.append("first_last_layers_bf16=True needs fp8 (it keeps layers out of FP8 training)")
+        if config.fp8_param:
+            problems.append("fp8_param must be used together with fp8 mode (it stores the weights of the FP8 GEMMs)")
+        return problems
     problems = []
     if config.fp8 not in FP8_FORMATS:
         problems.append(f"fp8 must be one of {', '.join(FP8_FORMATS)}, got {config.fp8!r}")
@@ -131,8 +134,6 @@ def fp8_config_problems(config) -> list:
         problems.append("fp8 needs bf16=True or fp16=True (the FP8 GEMMs read and write bf16/fp16 activations)")
     if config.num_moe_experts is not None:
         problems.append("fp8 with num_moe_experts (FP8 expert GEMMs) is not supported yet")
-    if config.fp8_param:
-        problems.append("fp8_param=True (FP8 parameters and all-gathers) is not supported yet")
     if config.first_last_layers_bf16:
         start, end = config.num_layers_at_start_in_bf16, config.num_layers_at_end_in_bf16
         if start < 0 or end < 0 or start + end >= config.num_layers:

@@ -39,11 +39,16 @@ and whenever the weight is another tensor or its version counter says it was wri
 `load_state_dict`, a torch optimizer or an edit under no_grad between two updates). The tensorwise recipe
 keeps its weights the same way (their scale depends on the weight only).
 
+FP8 parameters (params.py, `fp8_param`): the weight itself is stored in FP8; `quantize_weight` then hands it
+out as it is (with its own inverse scale `weight_scale_inv`) and only makes q_W^T once per step, and the
+weight's amax is recorded when the weight is written (`weight_written`), not at its first use.
+
 Checkpoints: the linear layer that owns the GEMM saves `meta` as `<layer>._extra_state` (the key Transformer
 Engine's modules use for their FP8 metadata) in both --ckpt-format torch and torch_dist (a tensor replicated
 over TP and DP), and restores it, so a resumed run is exact. A run without FP8 (or with the tensorwise
 recipe, which keeps no state) ignores a saved state; an FP8 run loading a checkpoint without one starts
-from scale 1, as Transformer Engine does.
+from scale 1, as Transformer Engine does. An FP8 parameter is saved as its value in high precision and
+loaded by a cast with the restored scale (params.py).
 """
 
 import functools
@@ -53,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.core.fp8.params import FP8_PARAM_DTYPE, dequantize_fp8_param, is_fp8_param, load_fp8_weight
 from megatron.core.fp8.quantize import (
     FP8_MAX,
     Fp8Tensor,
@@ -93,6 +99,10 @@ class Fp8Scaling(torch.nn.Module):
             self.register_buffer("meta", meta, persistent=False)  # saved as the owner's _extra_state
         else:
             self.meta = None
+        # Set by params.store_weight_in_fp8 when the layer's weight is an FP8 parameter:
+        self.weight_dtype = None  # the dtype the FP8 weight stands for
+        self.weight_scale_inv = None  # fp32 0-dim: W = q * weight_scale_inv (its own allocation, 16-byte aligned)
+        self.initial_weight = None  # W at construction, until an optimizer makes its main param from it
         self._bind_state()
 
     def _bind_state(self) -> None:
@@ -130,7 +140,9 @@ class Fp8Scaling(torch.nn.Module):
 
     def quantize_weight(self, weight: torch.Tensor, record: bool, transpose: bool) -> Fp8Tensor:
         """q_W [N, K] of `weight` [N, K], with q_W^T [K, N] if `transpose`: this step's copies if they fit the
-        request, else made now in one pass (module docstring)."""
+        request, else made now in one pass (module docstring). An FP8 parameter is its own q_W."""
+        if self.weight_dtype is not None:
+            return self._stored_weight(weight, transpose)
         held = self._weight
         if (held is None or held.weight is not weight or held.version != weight._version
                 or held.data_ptr != weight.data_ptr() or (record and not held.recorded)
@@ -154,21 +166,57 @@ class Fp8Scaling(torch.nn.Module):
             quantized = quantized._replace(transposed=quantize_transposed(weight, quantized.scale, dtype))
         return quantized
 
+    def _stored_weight(self, weight: torch.Tensor, transpose: bool) -> Fp8Tensor:
+        """The FP8 parameter as q_W (no scale: it is not cast here), with this step's q_W^T if asked for."""
+        if weight.dtype != FP8_PARAM_DTYPE:
+            raise ValueError(f"this FP8 GEMM stores its weight in FP8, but was given a {weight.dtype} weight")
+        held = self._weight
+        if (held is None or held.data_ptr != weight.data_ptr() or held.version != weight._version
+                or (transpose and held.quantized.transposed is None)):
+            data = weight.detach()  # not the Parameter, which points back at this module
+            transposed = data.t().contiguous() if transpose else None
+            held = self._weight = _QuantizedWeight(None, weight.data_ptr(), weight._version, True,
+                                                   Fp8Tensor(data, None, self.weight_scale_inv, transposed))
+        return held.quantized
+
+    def weight_write_scale(self, amax: torch.Tensor) -> torch.Tensor:
+        """The scale a new value of the FP8 weight is cast with, `amax` its max |W| (0-dim fp32): the weight's
+        current scale (delayed), or the scale from `amax` (tensorwise, 1 for a zero weight)."""
+        if self.recipe.delayed:
+            return self._scales[WEIGHT]
+        return scale_from_amax(amax, FP8_MAX[self.dtypes[WEIGHT]], self.recipe.margin, torch.ones_like(amax))
+
+    def weight_written(self, scale: torch.Tensor, amax: torch.Tensor) -> None:
+        """The FP8 weight now holds saturate(W * `scale`), W of max |W| `amax`: its inverse scale follows, and
+        (delayed) `amax` becomes this step's running amax of the weight, where the first forward of a bf16
+        weight puts it (replacing a value recorded before: the weight was written anew)."""
+        self.weight_scale_inv.copy_(scale.reciprocal())
+        if self.recipe.delayed:
+            self._amaxes[WEIGHT].copy_(amax)
+        self.drop_quantized_weight()
+
     def drop_quantized_weight(self) -> None:
         """Forget this step's q_W and q_W^T (the next use quantizes the weight again)."""
         self._weight = None
 
     def _apply(self, fn, recurse=True):
-        """Device moves apply to `meta`; dtype casts (Float16Module's `.to(bfloat16)`) do not: scales and
-        amaxes stay fp32."""
+        """Device moves apply to `meta` and `weight_scale_inv`; dtype casts (Float16Module's `.to(bfloat16)`) do
+        not: scales and amaxes stay fp32. The dtype an FP8 weight stands for and its kept initial weight follow
+        both, as a bf16 weight would."""
         if self.meta is not None:
-            target = fn(torch.empty(0, device=self.meta.device))
-            self.meta = self.meta.to(device=target.device)
+            self.meta = self.meta.to(device=fn(torch.empty(0, device=self.meta.device)).device)
+        if self.weight_dtype is not None:
+            device = self.weight_scale_inv.device
+            self.weight_scale_inv = self.weight_scale_inv.to(device=fn(torch.empty(0, device=device)).device)
+            self.weight_dtype = fn(torch.empty(0, dtype=self.weight_dtype, device=device)).dtype
+            if self.initial_weight is not None:
+                self.initial_weight = fn(self.initial_weight)
         self._bind_state()
         return self
 
     def extra_repr(self) -> str:
-        return self.recipe.describe()
+        stored = f"; weight stored in FP8 (for {self.weight_dtype})" if self.weight_dtype is not None else ""
+        return self.recipe.describe() + stored
 
 
 def fp8_scalings(model_chunks: list) -> list:
@@ -221,22 +269,38 @@ def update_fp8_scaling(model_chunks: list) -> None:
 
 
 def save_fp8_extra_state(module, state_dict, prefix, local_metadata) -> None:
-    """State-dict post-hook of a linear layer: its delayed-scaling state as `<prefix>_extra_state`."""
+    """State-dict post-hook of a linear layer: its delayed-scaling state as `<prefix>_extra_state`, and an FP8
+    weight as its value in high precision (left as the live parameter in a `keep_vars=True` state dict)."""
     scaling = module.fp8
-    if scaling is not None and scaling.meta is not None:
+    if scaling is None:
+        return
+    if scaling.meta is not None:
         state_dict[prefix + EXTRA_STATE_KEY] = scaling.meta
+    weight = state_dict.get(prefix + "weight")
+    if is_fp8_param(module.weight) and weight is not None and weight is not module.weight:
+        state_dict[prefix + "weight"] = dequantize_fp8_param(module.weight)
 
 
 def load_fp8_extra_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                          error_msgs) -> None:
     """Load pre-hook of a linear layer: takes `<prefix>_extra_state` out of `state_dict` and restores the
-    layer's scaling state from it (see the module docstring for the cases without one)."""
+    layer's scaling state from it (see the module docstring for the cases without one); then casts a
+    high-precision weight into an FP8 weight with the restored scale (its entry becomes the cast bytes)."""
     saved = state_dict.pop(prefix + EXTRA_STATE_KEY, None)
     scaling = module.fp8
-    if scaling is not None:
-        scaling.drop_quantized_weight()  # the weight is being loaded too
-    if saved is None or scaling is None or scaling.meta is None:
+    if scaling is None:
         return
+    scaling.drop_quantized_weight()  # the weight is being loaded too
+    if saved is not None and scaling.meta is not None:
+        _restore_meta(scaling, saved, prefix, error_msgs)
+    weight = state_dict.get(prefix + "weight")
+    if (is_fp8_param(module.weight) and isinstance(weight, torch.Tensor) and weight.dtype != FP8_PARAM_DTYPE
+            and weight.shape == module.weight.shape):
+        load_fp8_weight(module.weight, weight)
+        state_dict[prefix + "weight"] = module.weight.detach()
+
+
+def _restore_meta(scaling: Fp8Scaling, saved, prefix: str, error_msgs: list) -> None:
     if not isinstance(saved, torch.Tensor) or saved.shape != scaling.meta.shape:
         shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
         error_msgs.append(

@@ -85,6 +85,10 @@ class ChainedOptimizer(MegatronOptimizer):
         for optimizer in self.chained_optimizers:
             optimizer.reload_model_params()
 
+    def refresh_fp8_params(self) -> None:
+        for optimizer in self.chained_optimizers:
+            optimizer.refresh_fp8_params()
+
     def state_dict(self) -> list:
         return [optimizer.state_dict() for optimizer in self.chained_optimizers]
 

@@ -10,7 +10,8 @@ so a param may be split over several ranks:
 For each param overlapping its shards a rank holds only the overlapping piece:
 
     model shard   param.view(-1)[a:b]                 a view into DDP's param buffer
-    main shard    an fp32 copy of it (bf16/fp16 params), or the model shard itself (fp32 params)
+    main shard    an fp32 copy of it (bf16/fp16 params), or the model shard itself (fp32 params); for a
+                  weight stored in FP8 an fp32 copy of its value (its initial weight, or dequantized)
     Adam state    exp_avg, exp_avg_sq of the main shard, fp32 or (--use-precision-aware-optimizer
                   --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) bf16
 
@@ -18,7 +19,8 @@ One step:
     DDP reduce-scatter      rank r's shard of the grad buffer holds the mean gradient
     main_shard.grad         = that shard's slice, as fp32
     unscale, inf/nan check, global grad norm and clipping: over all ranks, each entry counted by its owner
-    Adam on the main shards, cast back into the param buffer's shard
+    Adam on the main shards, cast back into the param buffer's shard (weights stored in FP8: cast to FP8,
+        the amax of each such weight reduced over the data-parallel group, megatron/core/fp8/params.py)
     all-gather the param buffer (at once, or during the next forward with overlap_param_gather)
 
 Bytes per param with bf16 params and fp32 grads: 2 + 4 + 12/dp instead of 18 (2 + 4 + 8/dp with bf16
@@ -34,6 +36,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from ..fp8.params import (
+    cast_into_fp8_params,
+    dequantize_fp8_param,
+    fp8_params,
+    high_precision_value,
+    is_fp8_param,
+    release_initial_weights,
+)
 from ..fusions.adamw_reference import new_adam_state
 from .distrib_optimizer_state import ADAM_STATE_KEYS, gather_parameter_state_dp_zero, scatter_parameter_state_dp_zero
 from .grad_scaler import MegatronGradScaler
@@ -145,11 +155,17 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 if param in self.shard_ranges:
                     main_shards.append(self._add_shard(param))
             group["params"] = main_shards
+        # Every rank casts all FP8 weights of its buffers (none of some), in the same order: the amax all-reduce.
+        self._fp8_params = fp8_params([param for buffer in self.buffers for param in buffer.params])
+        release_initial_weights(self._fp8_params)
 
     def _add_shard(self, param: torch.nn.Parameter) -> torch.Tensor:
         piece = self.shard_ranges[param]
         model_shard = param.detach().view(-1)[piece.param_start : piece.param_end]
-        if param.dtype in (torch.float16, torch.bfloat16):
+        if is_fp8_param(param):
+            value = high_precision_value(param).reshape(-1)[piece.param_start : piece.param_end]
+            main_shard = value.to(torch.float32, copy=True)
+        elif param.dtype in (torch.float16, torch.bfloat16):
             main_shard = model_shard.clone().float()
         elif param.dtype == torch.float32:
             main_shard = model_shard  # Adam updates the param buffer in place
@@ -180,7 +196,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             param.grad = None
 
     def _float16_shards(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        pairs = [(model, main) for model, main in zip(self.model_shards, self.main_shards) if model is not main]
+        """(model shards, main shards) of the bf16/fp16 params (not the fp32 ones, not those stored in FP8)."""
+        pairs = [(model, main) for param, model, main in zip(self.model_params, self.model_shards, self.main_shards)
+                 if model is not main and not is_fp8_param(param)]
         return [model for model, _ in pairs], [main for _, main in pairs]
 
     def _main_to_model_params(self) -> dict:
@@ -191,11 +209,26 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         model_shards, main_shards = self._float16_shards()
         if model_shards:
             torch._foreach_copy_(model_shards, main_shards)
+        self._copy_main_params_to_fp8_params()
+
+    def _fp8_main_shards(self) -> Tuple[List[Optional[torch.Tensor]], List[int]]:
+        """For each FP8 weight of the buffers: (this rank's main shard of it or None, where that starts in it)."""
+        indices = [self._shard_index.get(param) for param in self._fp8_params]
+        mains = [None if index is None else self.main_shards[index] for index in indices]
+        starts = [0 if index is None else self.shard_ranges[param].param_start
+                  for param, index in zip(self._fp8_params, indices)]
+        return mains, starts
+
+    def _copy_main_params_to_fp8_params(self) -> None:
+        cast_into_fp8_params(self._fp8_params, *self._fp8_main_shards(), self.data_parallel_group)
 
     def _copy_model_params_to_main_params(self) -> None:
         model_shards, main_shards = self._float16_shards()
         if main_shards:
             torch._foreach_copy_(main_shards, model_shards)
+        for param, main_shard, start in zip(self._fp8_params, *self._fp8_main_shards()):
+            if main_shard is not None:
+                main_shard.copy_(dequantize_fp8_param(param).view(-1)[start : start + main_shard.numel()])
 
     @torch.no_grad()
     def step_with_ready_grads(self, skip=None) -> bool:

@@ -82,15 +82,31 @@ def gather_parameter_state_dp_zero(optimizer) -> Optional[dict]:
     return state if rank == 0 else None
 
 
+def fp8_param_gather_note(saved_param_dtypes, optimizer) -> str:
+    """A sentence naming --fp8-param-gather when the checkpoint (buffers of `saved_param_dtypes`) and this run
+    differ in it: weights stored in FP8 have uint8 buffers of their own, which moves every bucket; else ""."""
+    saved = torch.uint8 in set(saved_param_dtypes)
+    here = any(buffer.param_dtype == torch.uint8 for buffer in optimizer.buffers)
+    if saved == here:
+        return ""
+    return (f" The checkpoint was saved {'with' if saved else 'without'} --fp8-param-gather, this run is "
+            f"{'with' if here else 'without'} it (weights stored in FP8 have buffers of their own): resume with the "
+            "same setting, or pass --no-load-optim, or save with --ckpt-format torch_dist "
+            "--dist-ckpt-optim-fully-reshardable, whose optimizer state loads either way.")
+
+
 def _buffer_states(optimizer, state_dict) -> Tuple[Optional[List[dict]], Optional[str]]:
     """(per-buffer {"param", "exp_avg", "exp_avg_sq"} dicts, None) or (None, what does not fit)."""
     if not isinstance(state_dict, dict):
         return None, f"expected a dict of per-buffer states, got {type(state_dict).__name__}"
     buffer_keys = sorted(key for key in state_dict if isinstance(key, int))
-    if buffer_keys != list(range(len(optimizer.buffers))):
+    saved_param_dtypes = [dtypes[0] for key in buffer_keys if isinstance(state_dict[key], dict)
+                          for dtypes in state_dict[key] if isinstance(dtypes, tuple)]
+    note = fp8_param_gather_note(saved_param_dtypes, optimizer)
+    if buffer_keys != list(range(len(optimizer.buffers))) or note:
         return None, (
             f"it holds the state of {len(buffer_keys)} parameter buffer(s), this model has {len(optimizer.buffers)} "
-            "(different precision settings, or expert-parallel params?)"
+            f"(different precision settings, or expert-parallel params?).{note}"
         )
     states = []
     for index, buffer in enumerate(optimizer.buffers):

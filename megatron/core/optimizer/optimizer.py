@@ -13,7 +13,8 @@ One step (`MegatronOptimizer.step`) is
 and returns `(update_successful, grad_norm, num_zeros_in_grad)`.
 
 `Float16OptimizerWithFloat16Params` keeps an fp32 main copy of every bf16/fp16 parameter (the inner
-optimizer only ever sees fp32 tensors); `FP32Optimizer` works on the model's fp32 params directly.
+optimizer only ever sees fp32 tensors); `FP32Optimizer` works on the model's fp32 params directly. A weight
+stored in FP8 (megatron/core/fp8/params.py) has an fp32 main param too, which each step casts into it.
 """
 
 import logging
@@ -23,6 +24,13 @@ from typing import List, Optional
 import torch
 
 from .. import parallel_state
+from ..fp8.params import (
+    cast_into_fp8_params,
+    dequantize_fp8_param,
+    high_precision_value,
+    is_fp8_param,
+    release_initial_weights,
+)
 from ..fusions.adamw_reference import adamw_step
 from ..fusions.fused_adamw import FusedAdamW
 from ..tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
@@ -133,6 +141,13 @@ class MegatronOptimizer(ABC):
             grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
             tensor_parallel_rank=self.tensor_parallel_rank,
         )
+
+    def refresh_fp8_params(self) -> None:
+        """Casts the main params into the weights stored in FP8 again (megatron/core/fp8/params.py): call it
+        after loading the optimizer's state, whose exact main params then give those weights the bytes, scales
+        and amaxes of the run that saved it (the model's checkpoint holds their FP8 values only). No-op
+        without such weights."""
+        return None
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss * loss_scale`: what to call backward on under fp16."""
@@ -286,6 +301,10 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def reload_model_params(self) -> None:
         self._copy_model_params_to_main_params()
 
+    @torch.no_grad()
+    def refresh_fp8_params(self) -> None:
+        self._copy_main_params_to_fp8_params()
+
     def _load_grad_scaler_state(self, state_dict: dict) -> None:
         if "grad_scaler" not in state_dict:
             if self.config.fp16:
@@ -327,7 +346,10 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
             if FusedAdamW.supports(self.optimizer, self.get_parameters()):
                 fused = FusedAdamW(self.optimizer, exp_avg_dtype=self.config.exp_avg_dtype,
                                    exp_avg_sq_dtype=self.config.exp_avg_sq_dtype)
-                self._fused_adamw = (fused, self._main_to_model_params())
+                # The kernel writes bf16/fp16 copies; weights stored in FP8 are cast after it.
+                model_of = {main: model for main, model in self._main_to_model_params().items()
+                            if model.dtype in (torch.bfloat16, torch.float16)}
+                self._fused_adamw = (fused, model_of)
         return self._fused_adamw
 
     def supports_device_veto(self) -> bool:
@@ -345,6 +367,9 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
             fused, model_of = self._fused()
             with self._timed("optimizer-inner-step"):
                 fused.step(model_of, getattr(self.optimizer, "grad_scale", None), skip=skip)
+            # Also after an update skipped on the device: the unchanged weights with this step's scales.
+            with self._timed("optimizer-copy-main-to-model-params"):
+                self._copy_main_params_to_fp8_params()
             return True
         if skip is not None:
             raise ValueError("this optimizer cannot skip an update on the device (supports_device_veto() is False)")
@@ -373,7 +398,11 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
 
     @abstractmethod
     def _copy_main_params_to_model_params(self) -> None:
-        """Writes the updated main params back into the model params."""
+        """Writes the updated main params back into the model params (those stored in FP8 included)."""
+
+    @abstractmethod
+    def _copy_main_params_to_fp8_params(self) -> None:
+        """Casts the main params of the weights stored in FP8 into them (megatron/core/fp8/params.py)."""
 
     @abstractmethod
     def _copy_model_params_to_main_params(self) -> None:
@@ -381,10 +410,11 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
 
 
 class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
-    """fp32 main params for bf16/fp16 model params; fp32 model params are updated in place.
+    """fp32 main params for bf16/fp16 model params (and weights stored in FP8, cast whole after each step);
+    fp32 model params are updated in place.
 
     Three lists per param group, index-aligned:
-      float16_groups            the model's bf16/fp16 params
+      float16_groups            the model's bf16/fp16 params (and FP8 ones)
       fp32_from_float16_groups  their fp32 main copies (what the inner optimizer holds)
       fp32_from_fp32_groups     the model's fp32 params (held by the inner optimizer directly)
     """
@@ -401,8 +431,9 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
             for index, param in enumerate(param_group["params"]):
                 if not param.requires_grad:
                     continue
-                if param.dtype in (torch.float16, torch.bfloat16):
-                    main_param = param.detach().clone().float()
+                if param.dtype in (torch.float16, torch.bfloat16) or is_fp8_param(param):
+                    value = high_precision_value(param) if is_fp8_param(param) else param.detach()
+                    main_param = value.to(torch.float32, copy=True)
                     copy_layout_attributes(main_param, param)
                     param_group["params"][index] = main_param
                     param.main_param = main_param
@@ -420,6 +451,7 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
             self.float16_groups.append(float16_params)
             self.fp32_from_float16_groups.append(fp32_from_float16_params)
             self.fp32_from_fp32_groups.append(fp32_params)
+        release_initial_weights([param for group in self.float16_groups for param in group])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for groups in (self.float16_groups, self.fp32_from_float16_groups, self.fp32_from_fp32_groups):
@@ -452,19 +484,30 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
         }
 
     def _model_and_main_params(self):
-        model_params = [param.data for group in self.float16_groups for param in group]
-        main_params = [param.data for group in self.fp32_from_float16_groups for param in group]
-        return model_params, main_params
+        """(model params, main params) of the bf16/fp16 params (not those stored in FP8)."""
+        pairs = [(model, main) for main, model in self._main_to_model_params().items() if not is_fp8_param(model)]
+        return [model.data for model, _ in pairs], [main.data for _, main in pairs]
+
+    def _fp8_params_and_mains(self):
+        """(model params stored in FP8, their main params)."""
+        pairs = [(model, main) for main, model in self._main_to_model_params().items() if is_fp8_param(model)]
+        return [model for model, _ in pairs], [main for _, main in pairs]
 
     def _copy_main_params_to_model_params(self) -> None:
         model_params, main_params = self._model_and_main_params()
         if model_params:
             torch._foreach_copy_(model_params, main_params)
+        self._copy_main_params_to_fp8_params()
+
+    def _copy_main_params_to_fp8_params(self) -> None:
+        cast_into_fp8_params(*self._fp8_params_and_mains())
 
     def _copy_model_params_to_main_params(self) -> None:
         model_params, main_params = self._model_and_main_params()
         if model_params:
             torch._foreach_copy_(main_params, model_params)
+        for param, main_param in zip(*self._fp8_params_and_mains()):
+            main_param.copy_(dequantize_fp8_param(param))
 
     def state_dict(self) -> dict:
         """Inner optimizer state, grad scaler state and the fp32 main params (the live tensors, not copies:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from megatron.core import parallel_state
 from megatron.core.fp8.linear import fp8_linear
+from megatron.core.fp8.params import apply_keeping_fp8_weight
 from megatron.core.fp8.scaling import load_fp8_extra_state, save_fp8_extra_state
 from megatron.core.fusions.fused_weight_gradient import can_accumulate_in_main_grad, linear_with_grad_accumulation
 from megatron.core.model_parallel_config import ModelParallelConfig, reject_unsupported
@@ -133,7 +134,8 @@ def initialize_affine_weight(weight, full_shape, partition_dim, init_method, str
 
 def _prepare_fp8(layer: torch.nn.Module) -> None:
     """`layer.fp8` (an `Fp8Scaling`, set by a transformer layer that runs in FP8) or None; its state is
-    saved as `<layer>._extra_state` and restored from there (megatron/core/fp8/scaling.py)."""
+    saved as `<layer>._extra_state` and restored from there (megatron/core/fp8/scaling.py). The layer's
+    `_apply` keeps a weight stored in FP8 out of dtype casts (megatron/core/fp8/params.py)."""
     layer.fp8 = None
     layer.register_state_dict_post_hook(save_fp8_extra_state)
     layer.register_load_state_dict_pre_hook(load_fp8_extra_state)
@@ -236,6 +238,9 @@ class ColumnParallelLinear(torch.nn.Module):
             self.register_parameter("bias", None)
         _prepare_fp8(self)
 
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_fp8_weight(self, super()._apply, fn, recurse)
+
     def forward(self, input_: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
         """`weight` replaces the layer's own (a tied output layer passes the embedding weight)."""
         if weight is None:
@@ -320,6 +325,9 @@ class RowParallelLinear(torch.nn.Module):
         else:
             self.register_parameter("bias", None)
         _prepare_fp8(self)
+
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_fp8_weight(self, super()._apply, fn, recurse)
 
     def forward(self, input_: torch.Tensor):
         if self.input_is_parallel:

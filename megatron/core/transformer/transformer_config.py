@@ -338,7 +338,9 @@ class TransformerConfig(ModelParallelConfig):
     """Weight gradients as FP8 GEMMs too; False computes them in bf16 (`--no-fp8-wgrad`)."""
 
     fp8_param: bool = False
-    """Keep parameters in FP8 (`--fp8-param-gather`): not supported yet."""
+    """Store the weights of the FP8 GEMMs in FP8, one byte each (`--fp8-param-gather`): the optimizer casts its
+    fp32 main params into them and the distributed optimizer all-gathers the bytes (megatron/core/fp8/params.py).
+    The model must be trained wrapped in DistributedDataParallel (the weight gradients go into its main_grad)."""
 
     first_last_layers_bf16: bool = False
     """Keep the first `num_layers_at_start_in_bf16` and last `num_layers_at_end_in_bf16` layers out of FP8."""

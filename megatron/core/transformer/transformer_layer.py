@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, layer_runs_in_fp8
+from megatron.core.fp8 import Fp8Recipe, Fp8Scaling, layer_runs_in_fp8, store_weight_in_fp8
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.random import CheckpointWithoutOutput, model_parallel_rng_region
 from megatron.core.transformer.activation_offload import ActivationOffload
@@ -86,10 +86,13 @@ class TransformerLayer(MegatronModule):
 
     def _use_fp8_gemms(self, recipe: Fp8Recipe) -> None:
         """Runs every parallel linear of this layer (QKV, projection, fc1, fc2; cross-attention's) in FP8,
-        each GEMM with its own scaling state (megatron/core/fp8)."""
+        each GEMM with its own scaling state (megatron/core/fp8); with `config.fp8_param` their weights are
+        stored in FP8 (megatron/core/fp8/params.py)."""
         for module in self.modules():
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.weight is not None:
                 module.fp8 = Fp8Scaling(recipe, module.weight.device)
+                if self.config.fp8_param:
+                    store_weight_in_fp8(module)
 
     def forward(
         self,

@@ -23,8 +23,6 @@ UNSUPPORTED = (
     Unsupported("--hierarchical-context-parallel-sizes", "is for --cp-comm-type a2a+p2p, which is not supported "
                                                           "yet; use --cp-comm-type p2p or allgather"),
     Unsupported("--fp8-recipe", "is not supported yet; use delayed or tensorwise", ("mxfp8", "blockwise", "custom")),
-    Unsupported("--fp8-param-gather", "FP8 parameters and all-gathers are not supported yet (FP8 GEMMs are: "
-                                      "--fp8-format keeps bf16 parameters)"),
     Unsupported("--fp4-format", "FP4 training is not supported yet"),
     Unsupported("--fp4-param-gather", "FP4 training is not supported yet"),
     Unsupported("--te-rng-tracker", "the Transformer Engine back end is not supported yet"),

@@ -4,6 +4,8 @@
     needs --bf16 or --fp16; on CUDA a GPU of compute capability 8.9+ (torch._scaled_mm); the GEMM sizes of
     a layer on one TP rank multiples of 16; not with MoE experts (not built yet); --first-last-layers-bf16
     must leave FP8 layers
+    --fp8-param-gather (weights stored in FP8): needs --fp8-format and, for training, the distributed
+    optimizer, as in Megatron-LM; not with FSDP here
 """
 
 import argparse
@@ -23,8 +25,25 @@ def _device_problem(flag: str) -> str | None:
             f"{torch.cuda.get_device_name()} has {major}.{minor}")
 
 
+def _check_fp8_param_gather(args: argparse.Namespace, problems: list) -> None:
+    if args.fp8 is None:
+        problems.append("--fp8-param-gather must be used together with --fp8-format (it stores the weights of the "
+                        "FP8 GEMMs in FP8)")
+    if args.use_torch_fsdp2:
+        problems.append("--fp8-param-gather with --use-torch-fsdp2: Megatron-LM turns it off there (Transformer "
+                        "Engine 2 gathers bf16 instead); drop --fp8-param-gather")
+    elif args.use_megatron_fsdp:
+        problems.append("--fp8-param-gather with --use-megatron-fsdp is not supported yet; use "
+                        "--use-distributed-optimizer instead of Megatron-FSDP")
+    elif not args.use_distributed_optimizer and torch.is_grad_enabled():
+        problems.append("--fp8-param-gather only supported with distributed optimizer (Megatron-LM's rule, which "
+                        "also allows FSDP and inference mode): add --use-distributed-optimizer")
+
+
 def check_fp8(args: argparse.Namespace, problems: list) -> None:
     """Appends the problems of the FP8 flags (after the model shape is derived)."""
+    if args.fp8_param_gather:
+        _check_fp8_param_gather(args, problems)
     if args.fp8 is None:
         return
     flag = f"--fp8-format {args.fp8}"

@@ -133,6 +133,8 @@ def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load
         _load_optimizer_and_scheduler(None if sharded else optimizer, opt_param_scheduler, state_dict, checkpoint_name)
         if args.use_distributed_optimizer and optimizer is not None and not sharded:
             load_distributed_optimizer_state(optimizer, checkpoint_name)
+        if optimizer is not None:
+            optimizer.refresh_fp8_params()  # --fp8-param-gather: the weights from the exact main params
     elif optimizer is not None and (args.fp16 or args.bf16):
         # The fp32 main params still hold the initial weights: take them from the loaded model.
         optimizer.reload_model_params()

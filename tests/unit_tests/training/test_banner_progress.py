@@ -112,3 +112,7 @@ def test_banner_names_the_fp8_recipe_and_layers(monkeypatch):
     assert ("fp8 hybrid: E4M3 inputs and weights, E5M2 output gradients, delayed scaling (amax history 1024, max, "
             "margin 0), weight gradients in FP8; the transformer layers' linears through torch._scaled_mm; layers 2 "
             "to 3 (the first 1 and last 1 in bf16)") in text
+    args = _args(monkeypatch, "--mock-data", "--bf16", "--fp8-format", "hybrid", "--fp8-param-gather",
+                 "--use-distributed-optimizer")
+    assert ("(embedding and output layer in bf16); their weights stored in FP8, cast from the fp32 main params "
+            "and all-gathered as FP8 bytes (--fp8-param-gather)") in "\n".join(banner_lines(args, _ranks(1), 2))

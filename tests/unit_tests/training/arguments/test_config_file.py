@@ -63,8 +63,8 @@ def test_command_line_overrides_the_file(tmp_path):
 
 
 def test_file_values_do_not_count_as_defaults_for_unbuilt_features(tmp_path, problems):
-    message = problems("--config-file", write(tmp_path, "fp8-param-gather: true\n"), *MINIMAL)
-    assert "--fp8-param-gather: FP8 parameters and all-gathers are not supported yet" in message
+    message = problems("--config-file", write(tmp_path, "fp4-param-gather: true\n"), *MINIMAL)
+    assert "--fp4-param-gather: FP4 training is not supported yet" in message
 
 
 def test_unknown_key_names_the_key_the_file_and_the_closest_flag(tmp_path):

@@ -20,7 +20,6 @@ TE = is_transformer_engine_available()
 
 @pytest.mark.parametrize("flags, expected", [
     (["--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8: is not supported yet; use delayed or tensorwise"),
-    (["--fp8-param-gather"], "--fp8-param-gather: FP8 parameters and all-gathers are not supported yet"),
     (["--fp4-format", "e2m1"], "--fp4-format e2m1: FP4 training is not supported yet"),
     (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex: is not supported yet; use allgather"),
     (["--moe-router-load-balancing-type", "global_aux_loss"], "--moe-router-load-balancing-type global_aux_loss: is not "

@@ -3,7 +3,7 @@ their numbers."""
 
 import pytest
 
-from megatron.training.arguments.core_configs import core_transformer_config_from_args
+from megatron.training.arguments.core_configs import core_transformer_config_from_args, ddp_config_from_args
 
 from .conftest import MINIMAL
 
@@ -15,6 +15,16 @@ def test_megatron_fp8_flags_reach_the_transformer_config(validated):
     assert (config.fp8, config.fp8_recipe, config.fp8_amax_history_len, config.fp8_amax_compute_algo) == (
         "hybrid", "delayed", 1024, "max")
     assert config.fp8_margin == 1 and config.fp8_wgrad is False and config.bf16
+
+
+def test_megatron_llama3_fp8_param_gather_flags_reach_the_configs(validated):
+    """examples/llama/train_llama3_8b_h100_fp8.sh's FP8 and data-parallel flags."""
+    args = validated(*MINIMAL, "--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
+                     "--fp8-amax-compute-algo", "max", "--fp8-param-gather", "--use-distributed-optimizer",
+                     "--overlap-grad-reduce", "--overlap-param-gather", "--grad-reduce-in-bf16")
+    assert core_transformer_config_from_args(args).fp8_param is True
+    ddp_config = ddp_config_from_args(args)
+    assert ddp_config.fp8_param_gather and ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather
 
 
 def test_first_and_last_layers_in_bf16(validated):
@@ -39,6 +49,17 @@ def test_first_and_last_layers_in_bf16(validated):
      "ffn / TP = 200 / 1 = 200; linear_fc2 input ffn / TP = 200 / 1 = 200"),
     (["--bf16", "--fp8-format", "hybrid", "--num-experts", "4", "--disable-bias-linear"],
      "--fp8-format hybrid: FP8 for MoE experts (--num-experts 4) is not supported yet"),
+    (["--bf16", "--fp8-param-gather", "--use-distributed-optimizer"],
+     "--fp8-param-gather must be used together with --fp8-format"),
+    (["--bf16", "--fp8-format", "hybrid", "--fp8-param-gather"],
+     "--fp8-param-gather only supported with distributed optimizer (Megatron-LM's rule, which also allows FSDP and "
+     "inference mode): add --use-distributed-optimizer"),
+    (["--bf16", "--fp8-format", "hybrid", "--fp8-param-gather", "--use-torch-fsdp2", "--ckpt-format", "torch_dist",
+      "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion"],
+     "--fp8-param-gather with --use-torch-fsdp2: Megatron-LM turns it off there"),
+    (["--bf16", "--fp8-format", "hybrid", "--fp8-param-gather", "--use-megatron-fsdp",
+      "--data-parallel-sharding-strategy", "optim_grads_params", "--use-distributed-optimizer"],
+     "--fp8-param-gather with --use-megatron-fsdp is not supported yet"),
 ])
 def test_problems_are_named(problems, flags, expected):
     assert expected in problems(*MINIMAL, *flags)
