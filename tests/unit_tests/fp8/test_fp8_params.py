@@ -20,6 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.distributed import param_and_grad_bucket
 from megatron.core.fp8.params import dequantize_fp8_param, is_fp8_param
+from megatron.core.fp8.quantize import quantize_rounded, saturating_cast
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
@@ -147,3 +148,15 @@ def test_data_parallel_fp8_weights_gather_bytes_and_match_one_rank(single_rank_g
         # The forward of every step after the first gathers each bucket of the FP8 buffer, one byte per element.
         assert sum(fp8_gathers) == (STEPS - 1) * fp8_buffer.param_data.numel()
         assert {dtype for dtype, _ in gathers} == {torch.uint8, torch.bfloat16}
+
+
+def test_the_compiled_cast_of_main_params_rounds_to_the_weight_dtype_first():
+    """On CUDA the optimizer's cast runs compiled; compiled as it is (Inductor on the CPU here), it gives the bytes
+    of the eager cast, which are a bf16 weight's: the rounding to bf16 is not fused away."""
+    torch._dynamo.reset()
+    values = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0)) * 0.02
+    scale = torch.tensor(448 / 0.1)
+    compiled = torch.compile(quantize_rounded.eager, options=quantize_rounded.compile_options)
+    got = compiled(values, scale, torch.float8_e4m3fn, torch.bfloat16)
+    expected = saturating_cast(values.to(torch.bfloat16), scale, torch.float8_e4m3fn)
+    assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
