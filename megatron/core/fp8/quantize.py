@@ -41,10 +41,20 @@ def saturating_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
 
 
+def exact_reciprocal(x: torch.Tensor) -> torch.Tensor:
+    """1 / x correctly rounded to fp32, eager or compiled: Triton's fp32 division (what Inductor emits for
+    `1 / x`) may be an ulp off, its fp64 division is exact, and an fp64 quotient of fp32 operands rounds to the
+    correctly rounded fp32 one (53 >= 2 x 24 + 2 bits)."""
+    return x.double().reciprocal().float()
+
+
 def scale_from_amax(amax: torch.Tensor, fp8_max, margin: int, fallback: torch.Tensor) -> torch.Tensor:
     """fp8_max / amax / 2^margin where amax is positive and finite, else `fallback`; an overflowing scale
-    (a tiny amax) becomes the largest fp32 (Transformer Engine's `_default_sf_compute`)."""
-    scale = fp8_max / amax / 2.0**margin
+    (a tiny amax) becomes the largest fp32 (Transformer Engine's `_default_sf_compute`). Correctly rounded
+    (in fp64, as `exact_reciprocal`), so that a compiled cast and an eager one use the same scale: the FP8
+    weights' cast (eager) and a bf16 weight's (compiled, tensorwise) give the same bytes."""
+    numerator = torch.as_tensor(fp8_max, dtype=torch.float64, device=amax.device)  # a float x / t would be
+    scale = (numerator / amax.double() / 2.0**margin).float()                          # reciprocal(t) * x
     scale = torch.where((amax > 0) & torch.isfinite(amax), scale, fallback)
     return torch.where(torch.isinf(scale), torch.full_like(scale, _FP32_MAX), scale)
 
@@ -57,14 +67,14 @@ def _transposed_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -
 
 def _delayed(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose: bool):
     transposed = _transposed_cast(x, scale, dtype) if transpose else None
-    return saturating_cast(x, scale, dtype), transposed, scale.reciprocal(), x.abs().amax().float()
+    return saturating_cast(x, scale, dtype), transposed, exact_reciprocal(scale), x.abs().amax().float()
 
 
 def _current(x: torch.Tensor, dtype: torch.dtype, margin: int, transpose: bool):
     amax = x.abs().amax().float()
     scale = scale_from_amax(amax, FP8_MAX[dtype], margin, torch.ones_like(amax))
     transposed = _transposed_cast(x, scale, dtype) if transpose else None
-    return saturating_cast(x, scale, dtype), transposed, scale, scale.reciprocal()
+    return saturating_cast(x, scale, dtype), transposed, scale, exact_reciprocal(scale)
 
 
 # One compiled function per kind of call (dynamo keeps a few variants of each: FP8 dtype, static and then

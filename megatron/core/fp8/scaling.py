@@ -62,6 +62,7 @@ from megatron.core.fp8.params import FP8_PARAM_DTYPE, dequantize_fp8_param, is_f
 from megatron.core.fp8.quantize import (
     FP8_MAX,
     Fp8Tensor,
+    exact_reciprocal,
     quantize_current,
     quantize_current_and_transpose,
     quantize_transposed,
@@ -190,7 +191,7 @@ class Fp8Scaling(torch.nn.Module):
         """The FP8 weight now holds saturate(W * `scale`), W of max |W| `amax`: its inverse scale follows, and
         (delayed) `amax` becomes this step's running amax of the weight, where the first forward of a bf16
         weight puts it (replacing a value recorded before: the weight was written anew)."""
-        self.weight_scale_inv.copy_(scale.reciprocal())
+        self.weight_scale_inv.copy_(exact_reciprocal(scale))
         if self.recipe.delayed:
             self._amaxes[WEIGHT].copy_(amax)
         self.drop_quantized_weight()

@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.distributed import param_and_grad_bucket
 from megatron.core.fp8.params import dequantize_fp8_param, is_fp8_param
-from megatron.core.fp8.quantize import quantize_rounded, saturating_cast
+from megatron.core.fp8.quantize import exact_reciprocal, quantize_rounded, saturating_cast, scale_from_amax
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
@@ -150,13 +150,22 @@ def test_data_parallel_fp8_weights_gather_bytes_and_match_one_rank(single_rank_g
         assert {dtype for dtype, _ in gathers} == {torch.uint8, torch.bfloat16}
 
 
-def test_the_compiled_cast_of_main_params_rounds_to_the_weight_dtype_first():
-    """On CUDA the optimizer's cast runs compiled; compiled as it is (Inductor on the CPU here), it gives the bytes
-    of the eager cast, which are a bf16 weight's: the rounding to bf16 is not fused away."""
+def test_compiled_casts_and_scales_give_the_eager_bits():
+    """On CUDA the optimizer's cast of main params and a bf16 weight's tensorwise cast run compiled, the FP8
+    weights' scales eagerly; compiled (Inductor on the CPU here) each gives the eager bits: the rounding to bf16
+    is not fused away, and scales and inverse scales are correctly rounded on both sides (Triton's fp32 division
+    is not, so they are computed in fp64)."""
     torch._dynamo.reset()
-    values = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0)) * 0.02
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(1 << 16, generator=generator) * 0.02
+    amaxes = torch.exp(torch.randn(1 << 12, generator=generator) * 5)
     scale = torch.tensor(448 / 0.1)
-    compiled = torch.compile(quantize_rounded.eager, options=quantize_rounded.compile_options)
-    got = compiled(values, scale, torch.float8_e4m3fn, torch.bfloat16)
+    compiled_cast = torch.compile(quantize_rounded.eager, options=quantize_rounded.compile_options)
+    got = compiled_cast(values, scale, torch.float8_e4m3fn, torch.bfloat16)
     expected = saturating_cast(values.to(torch.bfloat16), scale, torch.float8_e4m3fn)
     assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    scales = scale_from_amax(amaxes, 448.0, 0, torch.ones_like(amaxes))
+    exact = torch.tensor([448.0 / amax for amax in amaxes.tolist()]).float()  # IEEE double quotients, rounded once
+    assert torch.equal(scales, exact)
+    assert torch.equal(torch.compile(scale_from_amax)(amaxes, 448.0, 0, torch.ones_like(amaxes)), scales)
+    assert torch.equal(torch.compile(exact_reciprocal)(scales), scales.reciprocal())
