@@ -9,6 +9,7 @@ dropped as empty (Megatron would write a zero-length document).
 
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +50,12 @@ _state = {}
 
 
 def init_worker(config: EncoderConfig) -> None:
-    """Pool initializer: one tokenizer (and sentence splitter) per worker process."""
+    """Pool initializer: one tokenizer (and sentence splitter) per worker process.
+
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and a worker that died of it would lose
+    its task's result, so the parent's pool.join() would wait for it for ever. The parent alone stops, and
+    its workers finish their tasks in flight and exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Each worker is one core; a tokenizer backed by the Rust `tokenizers` library (HuggingFaceTokenizer)
     # must not start a thread pool of its own in every worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -125,7 +125,7 @@ def preprocess(
 
     def tasks():
         # Runs in the pool's feeder thread: the semaphore is the back-pressure that bounds memory, and
-        # `stop` lets the thread end (so the pool can be joined) when the parent stops early.
+        # `stop` lets the thread end (so the pool can be closed and joined) when the parent stops early.
         try:
             for task in iter_tasks(paths, max_lines=log_interval if log_interval > 0 else None):
                 while not in_flight.acquire(timeout=0.1):
@@ -162,7 +162,6 @@ def preprocess(
             if max_documents is not None and summary.documents >= max_documents:
                 stop.set()
                 break
-        pool.close()
         if unreadable:
             raise unreadable[0]
         if summary.documents == 0:
@@ -173,12 +172,16 @@ def preprocess(
             builder.finalize(prefixes[key] + ".idx")
             summary.outputs.append(prefixes[key])
     except BaseException:
-        stop.set()
-        pool.terminate()
         for builder in builders.values():
             builder.abort()
         raise
     finally:
+        # The pool is never terminated: a worker killed while it holds a queue's lock (it is writing a result)
+        # leaves the pool's task or result handler thread blocked on that lock for ever, and terminate() joins
+        # them. Instead `stop` ends the task generator (within its 0.1 s wait), the workers finish the tasks
+        # in flight (at most 2 * workers + 2) and exit on close()'s sentinels, and join() returns.
+        stop.set()
+        pool.close()
         pool.join()
     summary.seconds = time.time() - progress.start
     return summary

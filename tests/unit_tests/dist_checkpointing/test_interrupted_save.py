@@ -2,7 +2,6 @@
 failure) never becomes "latest": the previous checkpoint stays in the tracker and loads; the half-written
 iteration is refused by name. Both for a save in the training thread and for --async-save's thread."""
 
-import multiprocessing
 import os
 
 import pytest
@@ -12,6 +11,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing import dcp_planners
 from megatron.training.checkpointing import load_checkpoint, save_checkpoint
+from tests.unit_tests.dist_utils import fresh_process_context
 from tests.unit_tests.training.checkpointing.tiny_run import assert_same, build_run, make_args, model_state, train_steps
 
 KILLED = 17
@@ -50,7 +50,7 @@ def _save_then_die_while_saving(directory: str, async_save: bool) -> None:
 
 
 def test_killed_save_leaves_the_previous_checkpoint_latest(tmp_path, single_rank):
-    context = multiprocessing.get_context("spawn")
+    context = fresh_process_context()
     children = {mode: context.Process(target=_save_then_die_while_saving, args=(str(tmp_path / mode), mode == "async"))
                 for mode in ("sync", "async")}
     for child in children.values():

@@ -1,5 +1,7 @@
-"""Session fixtures for the data tools: the built-in corpus and tokenizers trained on it by our own tools."""
+"""Session fixtures for the data tools: the built-in corpus and tokenizers trained on it by our own tools, and
+a guard against a test that hangs."""
 
+import faulthandler
 import os
 
 import pytest
@@ -29,3 +31,18 @@ def wordpiece_vocab(tmp_path_factory, stdlib_corpus) -> str:
     args = ["--input", stdlib_corpus, "--type", "wordpiece", "--vocab-size", "3000", "--output-dir", directory]
     assert load_tool("train_tokenizer").main(args) == 0
     return os.path.join(directory, "vocab.txt")
+
+
+@pytest.fixture
+def hang_guard(request):
+    """Ends this test's process after 120 s (a test here takes a few seconds), with every thread's stack on
+    the real stderr: a hang in a worker pool's shutdown then fails the run, as a crashed xdist worker named
+    by its test, instead of blocking CI. faulthandler's C watchdog thread fires even when the main thread is
+    stuck in a join or a lock."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        stderr = os.dup(2)
+    faulthandler.dump_traceback_later(120, exit=True, file=stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+    os.close(stderr)

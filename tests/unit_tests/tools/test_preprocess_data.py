@@ -15,6 +15,8 @@ from megatron.core.tokenizers.gpt2_bpe import GPT2BPETokenizer
 from .tool_loader import TOOLS, load_tool
 
 preprocess_data = load_tool("preprocess_data")
+# A hang in the worker pool fails the test instead of blocking the run (conftest.py).
+pytestmark = pytest.mark.usefixtures("hang_guard")
 
 
 def gpt2_args(files, *extra):

@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.tokenizer_record import read_tokenizer_record
@@ -14,6 +15,8 @@ from megatron.core.datasets.tokenizer_record import read_tokenizer_record
 from .tool_loader import load_tool
 
 preprocess_data = load_tool("preprocess_data")
+# A hang in the worker pool fails the test instead of blocking the run (conftest.py).
+pytestmark = pytest.mark.usefixtures("hang_guard")
 
 
 def _gpt2_files(tmp_path) -> list:
