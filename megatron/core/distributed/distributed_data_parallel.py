@@ -98,6 +98,8 @@ class DistributedDataParallel(_BaseDataParallel):
     path).
     """
 
+    buffer_class = _ParamAndGradBuffer  # a subclass may keep its gradients otherwise
+
     def __init__(
         self,
         config,
@@ -173,7 +175,7 @@ class DistributedDataParallel(_BaseDataParallel):
             grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32 else value_dtype
             params_by_dtype.setdefault((param_dtype, grad_dtype), []).append(param)
         return [
-            _ParamAndGradBuffer(
+            self.buffer_class(
                 self.ddp_config, param_dtype, grad_dtype, dtype_params, data_parallel_group,
                 self.bucket_size, self.param_to_name, gradient_scaling_factor,
             )

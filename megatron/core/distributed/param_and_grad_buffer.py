@@ -32,6 +32,8 @@ class _ParamAndGradBuffer:
     `param_index_map[param]` = (start, end, bucket id) in the buffer.
     """
 
+    bucket_class = _ParamAndGradBucket  # a subclass may keep its buckets' gradients otherwise
+
     def __init__(
         self,
         ddp_config: DistributedDataParallelConfig,
@@ -67,23 +69,24 @@ class _ParamAndGradBuffer:
         self.numel = layout.numel
         self.numel_unpadded = layout.numel_unpadded
         self.param_index_map = {param: layout.param_ranges[index] for index, param in enumerate(params)}
-        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype, device=device)
+        bucket_grads = self._allocate_grads(layout, device)
         self.param_data = None
         if ddp_config.use_distributed_optimizer:
             self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)
         for param in params:
-            start, end, _ = self.param_index_map[param]
+            start, end, bucket_id = self.param_index_map[param]
             if self.param_data is not None:
                 initial = param.data
                 param.data = self.param_data[start:end].view(param.dtype).view(param.shape)
                 param.data.copy_(initial)
-            param.main_grad = self.grad_data[start:end].view(param.shape)
+            bucket_start = layout.buckets[bucket_id].start
+            param.main_grad = bucket_grads[bucket_id][start - bucket_start : end - bucket_start].view(param.shape)
 
         self.buckets = [
-            _ParamAndGradBucket(
+            self.bucket_class(
                 [params[index] for index in bucket.param_indices],
                 None if self.param_data is None else self.param_data[bucket.start : bucket.end],
-                self.grad_data[bucket.start : bucket.end],
+                bucket_grads[bucket.bucket_id],
                 bucket.start,
                 bucket.numel_unpadded,
                 gradient_scaling_factor,
@@ -107,6 +110,11 @@ class _ParamAndGradBuffer:
                 for bucket in self.buckets
             ),
         )
+
+    def _allocate_grads(self, layout, device: torch.device) -> List[torch.Tensor]:
+        """Each bucket's gradient storage: here views into one zeroed flat buffer, `self.grad_data`."""
+        self.grad_data = torch.zeros(self.numel, dtype=self.grad_dtype, device=device)
+        return [self.grad_data[bucket.start : bucket.end] for bucket in layout.buckets]
 
     def scale_gradients(self, scaling_factor: float) -> None:
         """grad_data *= scaling_factor."""

@@ -129,6 +129,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self.grad_stats_parallel_group = dist.group.WORLD
 
         self.shard_ranges: Dict[torch.nn.Parameter, ShardRange] = {}
+        # This rank's piece of each param's reduced gradient, in its bucket's `grad_shard` (a view into DDP's
+        # grad buffer, or a buffer of its own where the gradients are sharded too: fsdp/sharded_grads.py).
+        self._grad_pieces: Dict[torch.nn.Parameter, torch.Tensor] = {}
         for buffer in self.buffers:
             rank = dist.get_rank(buffer.data_parallel_group)
             for bucket in buffer.buckets:
@@ -137,6 +140,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                                       buffer.data_parallel_world_size)
                 for param, (_, local, in_param) in pieces.items():
                     self.shard_ranges[param] = ShardRange(*local, *in_param)
+                    self._grad_pieces[param] = bucket.grad_shard[local[0] : local[1]]
 
         # Index-aligned lists over the params this rank owns a piece of, in param-group order.
         self.model_params: List[torch.nn.Parameter] = []
@@ -190,9 +194,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     def _copy_model_grads_to_main_grads(self) -> None:
         for param, main_shard in zip(self.model_params, self.main_shards):
-            piece = self.shard_ranges[param]
             # After the reduce-scatter only this rank's shard of the grad buffer holds the mean gradient.
-            main_shard.grad = param.main_grad.view(-1)[piece.param_start : piece.param_end].float()
+            main_shard.grad = self._grad_pieces[param].float()
             param.grad = None
 
     def _float16_shards(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:

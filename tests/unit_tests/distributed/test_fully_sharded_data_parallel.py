@@ -99,7 +99,7 @@ def _strategies(rank, world_size):
         model = _gpt(per_token_loss=strategy.endswith("per token"), experts=experts)
         wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
         optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
-                                           use_distributed_optimizer=strategy == "optim")
+                                           use_distributed_optimizer=strategy in ("optim", "optim_grads"))
         results[strategy] = (*_train(wrapped, optimizer_config, rank, world_size), *references[experts])
     return results
 
@@ -107,9 +107,10 @@ def _strategies(rank, world_size):
 def test_each_sharding_strategy_trains_like_one_process():
     for results in run_distributed(_strategies, 2):
         for strategy, (history, weights, optimizer, reference_history, reference_weights) in results.items():
-            sharded = strategy.startswith("optim_grads")
+            sharded = strategy.startswith("optim_grads_params")
+            distributed = strategy in ("optim", "optim_grads")
             assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FullyShardedOptimizer"
-                                 if sharded else "DistributedOptimizer" if strategy == "optim" else "FP32Optimizer")
+                                 if sharded else "DistributedOptimizer" if distributed else "FP32Optimizer")
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
                 assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
                 assert norm == pytest.approx(expected_norm, rel=1e-5), f"{strategy}: grad norm at step {step}"
