@@ -20,8 +20,9 @@ made once; releasing resizes the storage under them to zero bytes, materialising
 the views stay valid (and gradient-accumulation fusion keeps seeing an fp32 `main_grad` in forward). It is
 materialised when backward first needs it: by the gradient hook of a param, or, before a fused weight-gradient
 GEMM writes `main_grad` directly, by a hook on the gradient of the outputs of the transformer layer (or of the
-whole model, for the params outside the layers) that holds the bucket's params. Buckets are cut at transformer
-layer boundaries only (buffer_layout.py's `may_close_bucket`), so one layer's gradients share one lifetime.
+whole model, for the params outside the layers) that holds the bucket's params. Buckets are cut by size as
+DDP's are (bucket_size, by default max(4e7, 1e6 x dp) elements: about one layer of a 1B model), so a bucket may
+span a layer boundary: its storage then lives from the later layer's backward to the earlier one's.
 
 Every bucket is reduce-scattered once per backward on every rank: a bucket launches when its last param got its
 gradient, and the end of backward launches the rest (params that got none add zeros), then waits for all, so
