@@ -203,29 +203,36 @@ def _zero2_against_distributed_optimizer(rank, world_size):
         layout = [(buffer.numel, [bucket.grad_data.numel() for bucket in buffer.buckets]) for buffer in buffers]
         sharded_layout = [(buffer.numel, [bucket.grad_data.numel() for bucket in buffer.buckets])
                           for buffer in sharded_buffers]
+        layer_buckets = {}  # transformer layer: the buckets holding its params (optim_grads)
+        for buffer in sharded_buffers:
+            for param, bucket in buffer.param_to_bucket.items():
+                name = buffer.param_to_name[param]
+                if name.startswith("decoder.layers."):
+                    layer_buckets.setdefault(name.split(".")[2], set()).add(bucket.bucket_id)
         persistent = {"grad buffer": [buffer.grad_data for buffer in sharded_buffers],
                       "grad shards": [bucket.grad_shard.numel() for buffer in sharded_buffers
                                       for bucket in buffer.buckets],
                       "param buffer": [buffer.param_data.numel() for buffer in sharded_buffers]}
-        results[fusion] = (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, persistent,
-                           transient)
+        results[fusion] = (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, layer_buckets,
+                           persistent, transient)
     return results
 
 
 def test_optim_grads_shards_gradients_and_accumulates_microbatches_like_the_distributed_optimizer():
     """ZeRO-2 (optim_grads) reduce-scatters every microbatch's gradients into fp32 shards; the distributed
-    optimizer (optim) sums them whole and reduce-scatters once. Same layout, same steps: grad norms and fp32
-    weights agree to rounding; in bf16 with gradient-accumulation fusion (the GEMMs write the transient
+    optimizer (optim) sums them whole and reduce-scatters once, its buckets cut by size alone where optim_grads'
+    hold whole layers. Same steps: grad norms and fp32 weights agree to rounding; in bf16 with gradient-accumulation fusion (the GEMMs write the transient
     main_grad) the weights to within a bf16 step. No gradient storage outlives a backward; each rank keeps 1/dp of
     every bucket's gradient and the whole param buffer."""
     for results in run_distributed(_zero2_against_distributed_optimizer, 2):
-        for fusion, (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, persistent,
-                     transient) in results.items():
+        for fusion, (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, layer_buckets,
+                     persistent, transient) in results.items():
             tolerance = 1e-4 if fusion else 1e-6  # measured: 3.1e-5 (bf16 weights), 4.8e-7 (fp32)
-            assert sharded_layout == layout and len(layout[0][1]) > 2, "several buckets, the same layout"
+            assert len(layout[0][1]) > len(sharded_layout[0][1]) > 2, "several buckets, layers cut by optim only"
+            assert sorted(layer_buckets) == ["0", "1"] and all(len(ids) == 1 for ids in layer_buckets.values())
             assert persistent["grad buffer"] == [None]
-            assert persistent["grad shards"] == [numel // 2 for numel in layout[0][1]]
-            assert persistent["param buffer"] == [layout[0][0]]
+            assert persistent["grad shards"] == [numel // 2 for numel in sharded_layout[0][1]]
+            assert persistent["param buffer"] == [sharded_layout[0][0]]
             assert transient == [0] * 4
             assert sharded_norms == pytest.approx(norms, rel=1e-5)
             for name, value in weights.items():

@@ -21,8 +21,9 @@ the views stay valid (and gradient-accumulation fusion keeps seeing an fp32 `mai
 materialised when backward first needs it: by the gradient hook of a param, or, before a fused weight-gradient
 GEMM writes `main_grad` directly, by a hook on the gradient of the outputs of the transformer layer (or of the
 whole model, for the params outside the layers) that holds the bucket's params. Buckets are cut by size as
-DDP's are (bucket_size, by default max(4e7, 1e6 x dp) elements: about one layer of a 1B model), so a bucket may
-span a layer boundary: its storage then lives from the later layer's backward to the earlier one's.
+DDP's are (bucket_size, by default max(4e7, 1e6 x dp) elements: about one layer of a 1B model), on every
+pipeline stage, but only between transformer layers (buffer_layout.py): a bucket holds whole layers, so its
+storage lives only from the backward of its last layer to that of its first.
 
 Every bucket is reduce-scattered once per backward on every rank: a bucket launches when its last param got its
 gradient, and the end of backward launches the rest (params that got none add zeros), then waits for all, so
@@ -30,15 +31,37 @@ no gradient storage outlives a backward. `no_sync` therefore holds nothing back.
 """
 
 from contextlib import contextmanager
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from ... import parallel_state
 from ..distributed_data_parallel import DistributedDataParallel, _accumulate_into_main_grad
 from ..param_and_grad_bucket import _ParamAndGradBucket, _reduce_scatter_tensor
 from ..param_and_grad_buffer import _ParamAndGradBuffer
 from ...transformer.transformer_layer import TransformerLayer
+
+
+def _transformer_layers(module: torch.nn.Module) -> List[TransformerLayer]:
+    return [layer for layer in module.modules() if isinstance(layer, TransformerLayer)]
+
+
+def _refuse_position_embeddings_across_stages(module: torch.nn.Module) -> None:
+    """Position embeddings on several pipeline stages (a custom position-embedding group) are summed over
+    them, which needs each stage's piece of them in the same place; only the tied word embedding is laid out
+    so (a bucket of its own)."""
+    if not parallel_state.is_rank_in_position_embedding_group():
+        return
+    if dist.get_world_size(parallel_state.get_position_embedding_group()) == 1:
+        return
+    if any(name.endswith("position_embeddings.weight") for name, _ in module.named_parameters()):
+        raise NotImplementedError(
+            "--use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads does not support position "
+            "embeddings held by several pipeline stages yet (a position-embedding group of more than one "
+            "rank, from get_position_embedding_ranks); use --data-parallel-sharding-strategy optim or "
+            "optim_grads_params"
+        )
 
 
 class _ShardedGradBucket(_ParamAndGradBucket):
@@ -172,6 +195,7 @@ class ShardedGradDataParallel(DistributedDataParallel):
     DDP's arguments; `ddp_config.use_distributed_optimizer` must be set (the optimizer owns the shards)."""
 
     buffer_class = _ShardedGradBuffer
+    one_bucket_after_first_stage = False  # every stage keeps its gradients in buckets of ~bucket_size
 
     def __init__(self, config, ddp_config, module: torch.nn.Module, disable_bucketing: bool = False):
         if not (ddp_config.use_distributed_optimizer and ddp_config.overlap_grad_reduce):
@@ -181,12 +205,20 @@ class ShardedGradDataParallel(DistributedDataParallel):
         super().__init__(config, ddp_config, module, disable_bucketing=disable_bucketing)
         self._flush_queued = False
         self.param_to_buffer = {param: buffer for buffer in self._all_buffers for param in buffer.params}
-        layers = [layer for layer in module.modules() if isinstance(layer, TransformerLayer)]
+        layers = _transformer_layers(module)
         inside = {param for layer in layers for param in layer.parameters()}
         self._module_buckets = {layer: self._buckets_of(layer.parameters()) for layer in layers}
         self._module_buckets[module] = self._buckets_of(param for param in module.parameters() if param not in inside)
         self._layer_hooks = [sub.register_forward_hook(self._materialize_before_backward)
                              for sub in self._module_buckets]
+        self._grad_pieces = {param: bucket.grad_shard[local[0] : local[1]] for buffer in self._all_buffers
+                             for param, (bucket, local, _) in buffer.owned_pieces().items()}
+        _refuse_position_embeddings_across_stages(module)
+
+    def _param_layers(self) -> Dict[torch.nn.Parameter, int]:
+        """Buckets hold whole transformer layers (module docstring)."""
+        return {param: index for index, layer in enumerate(_transformer_layers(self.module))
+                for param in layer.parameters()}
 
     def _buckets_of(self, params) -> list:
         return list({self.param_to_bucket[param]: None for param in params if param in self.param_to_bucket})
@@ -222,6 +254,17 @@ class ShardedGradDataParallel(DistributedDataParallel):
                 bucket.materialize()
 
         torch.autograd.graph.register_multi_grad_hook(outputs, materialize, mode="any")
+
+    def reduced_grad(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """This rank's piece of `param`'s reduced gradient of the step: a flat view into its bucket's
+        `grad_shard`, empty where the rank owns none of it (`main_grad` has no storage after a backward).
+
+        finalize_model_grads sums these pieces over the TP ranks (sequence-parallel and q/k norms) and over the
+        first and last pipeline stage (the tied embedding) in place. That is the piece of the summed gradient
+        because every copy owns the same piece: the TP ranks' buffers hold the same param shapes in the same
+        order, and the tied embedding has a bucket of its own on both stages (buffer_layout.py). Summing
+        after the reduce-scatter is exact: both sums are linear."""
+        return self._grad_pieces.get(param, self.param_to_bucket[param].grad_shard[:0])
 
     @contextmanager
     def no_sync(self):
