@@ -40,10 +40,12 @@ Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), SGD or Muon momentum 4, divided by
 DP with the distributed optimizer (the routed experts' by expert-DP = world / (EP x expert-TP x PP)).
 Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16 moments it is 2 + 4 + 8. With FSDP
-sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads and optim_grads_params) the fp32 shards
-are the main params: 4 (weight) + 4 (gradient) + the moments, all divided by DP x CP, and with optim_grads (or
---torch-fsdp2-no-reshard-after-forward) the weights gathered in the compute dtype (2 or 4) from forward to
+sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads_params) the fp32 shards are the main
+params: 4 (weight) + 4 (gradient) + the moments, all divided by DP x CP, and with
+--torch-fsdp2-no-reshard-after-forward the weights gathered in the compute dtype (2 or 4) from forward to
 backward on top; the gathered params of the one or two layers computing under ZeRO-3 are not counted.
+--use-megatron-fsdp optim_grads (ZeRO-2) is the distributed optimizer with an fp32 gradient shard (4 / DP x CP)
+instead of the gradient buffer; its few buckets of gradients in flight during backward are not counted.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
 (s sequence, b micro batch, B bytes of the activation dtype; masks are 1 byte; fused SDPA attention keeps
@@ -391,6 +393,8 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
         optimizer = ((parameters - experts) * per_parameter // args.data_parallel_size
                      + experts * per_parameter // max(expert_data_parallel, 1))
     ddp_config = ddp_config_from_args(args)
+    if ddp_config.use_megatron_fsdp and ddp_config.data_parallel_sharding_strategy == "optim_grads":
+        gradients = parameters * 4 // (args.data_parallel_size * args.context_parallel_size)
     if shards_params(ddp_config):
         shards = args.data_parallel_size * args.context_parallel_size
         gathered = 0 if reshards_after_forward(ddp_config) else weights

@@ -8,9 +8,9 @@ section at the end.
 
 1. speed: GPT 1.3B (24 layers, h 2048, seq 2048, micro batch 4, 2 microbatches per GPU, bf16), 30 iterations,
    in four layouts over DP=2: the distributed optimizer with both overlaps (the reference), --use-torch-fsdp2
-   (ZeRO-3), --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads (ZeRO-2: each layer's params
-   stay gathered from its forward to its backward) and optim_grads_params (the same as --use-torch-fsdp2, by
-   the Megatron-FSDP flag). Per layout: median tokens/s/GPU of the console lines after the first two, peak
+   (ZeRO-3), --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads (ZeRO-2 on the distributed
+   optimizer's buffers: each backward reduce-scatters bucket by bucket into fp32 gradient shards) and
+   optim_grads_params (the same as --use-torch-fsdp2, by the Megatron-FSDP flag). Per layout: median tokens/s/GPU of the console lines after the first two, peak
    memory (max allocated after the first iteration, DP rank 0, which holds the larger shards), the speed as a
    fraction of the reference's (target >= 0.90), and the largest relative difference of its per-iteration
    lm loss from the reference's (both start from the same weights; bf16 rounding only).

@@ -30,7 +30,7 @@ the dtype they stand for (or fp32), which their FP8 GEMMs write directly.
 import logging
 import weakref
 from contextlib import contextmanager
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,11 @@ class DistributedDataParallel(_BaseDataParallel):
     path).
     """
 
+    buffer_class = _ParamAndGradBuffer  # a subclass may keep its gradients otherwise
+    # Megatron-LM's DDP: stages after the first one reduce in one bucket (their reductions overlap other
+    # microbatches' work anyway). Megatron-FSDP keeps bucket_size on every stage.
+    one_bucket_after_first_stage = True
+
     def __init__(
         self,
         config,
@@ -129,7 +134,8 @@ class DistributedDataParallel(_BaseDataParallel):
             logger.warning("bucket_size (--ddp-bucket-size) only acts with overlap_grad_reduce "
                            "(--overlap-grad-reduce): using one bucket per buffer, as Megatron-LM does")
         self.bucket_size = default_bucket_size(ddp_config, parallel_state.get_data_parallel_world_size())
-        if disable_bucketing or parallel_state.get_pipeline_model_parallel_rank() > 0:
+        later_stage = parallel_state.get_pipeline_model_parallel_rank() > 0
+        if disable_bucketing or (later_stage and self.one_bucket_after_first_stage):
             self.bucket_size = None
 
         self.params_with_grad = [param for param in module.parameters() if param.requires_grad]
@@ -173,12 +179,17 @@ class DistributedDataParallel(_BaseDataParallel):
             grad_dtype = torch.float if self.ddp_config.grad_reduce_in_fp32 else value_dtype
             params_by_dtype.setdefault((param_dtype, grad_dtype), []).append(param)
         return [
-            _ParamAndGradBuffer(
+            self.buffer_class(
                 self.ddp_config, param_dtype, grad_dtype, dtype_params, data_parallel_group,
-                self.bucket_size, self.param_to_name, gradient_scaling_factor,
+                self.bucket_size, self.param_to_name, gradient_scaling_factor, self._param_layers(),
             )
             for (param_dtype, grad_dtype), dtype_params in params_by_dtype.items()
         ]
+
+    def _param_layers(self) -> Optional[Dict[torch.nn.Parameter, int]]:
+        """{param: its transformer layer} when buckets must hold whole layers (buffer_layout.py); None here:
+        buckets are cut by size alone."""
+        return None
 
     @property
     def _all_buffers(self) -> List[_ParamAndGradBuffer]:
@@ -187,6 +198,13 @@ class DistributedDataParallel(_BaseDataParallel):
     def main_grad_buffers(self) -> List[torch.Tensor]:
         """The contiguous fp32 (or bf16) buffers that hold every parameter's `main_grad` (with padding)."""
         return [buffer.grad_data for buffer in self._all_buffers]
+
+    def reduced_grad(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """What this rank holds of `param`'s data-parallel-reduced gradient, in place (finalize_model_grads
+        sums it over the TP ranks or pipeline stages that hold copies of the param): its `main_grad` (with the
+        distributed optimizer only this rank's piece of it is reduced, and the copies' owned pieces coincide:
+        buffer_layout.py)."""
+        return param.main_grad
 
     def _gradient_hook(self, param: torch.nn.Parameter) -> None:
         """After autograd accumulated `param.grad` (once per backward, however often the param was used)."""

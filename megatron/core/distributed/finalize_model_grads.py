@@ -12,6 +12,11 @@
    tokens, broadcast from the last pipeline stage and summed over data x context parallel ranks;
 5. with aux-loss-free MoE balancing (`moe_router_enable_expert_bias`): move every router's expert bias
    by the step's token counts, summed over the tensor x data x context parallel ranks.
+
+Steps 2 and 3 work on what each chunk holds of a param's data-parallel-reduced gradient
+(`chunk.reduced_grad`): DDP's `main_grad`, an FSDP2 shard's local rows, or, with sharded gradients
+(ShardedGradDataParallel), this rank's piece of its bucket's gradient shard; the copies being summed are
+sharded alike, so the sum of the pieces is the piece of the sum.
 """
 
 from typing import List, Optional
@@ -21,19 +26,13 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import parallel_state
-from ..dtensor_shards import local_tensor
 from ..timers import timed
 from ..transformer.moe.load_balancing import get_updated_expert_bias
 
 
-def _main_grad(param: torch.nn.Parameter) -> torch.Tensor:
-    """DDP's main_grad, else the grad (an FSDP shard's local rows: its copies on other TP ranks or pipeline
-    stages hold the same rows)."""
-    return param.main_grad if hasattr(param, "main_grad") else local_tensor(param.grad)
-
-
 def _all_reduce_coalesced(grads: List[torch.Tensor], group) -> None:
-    """Sums `grads` over `group` in one collective."""
+    """Sums `grads` over `group` in one collective (every rank of the group passes the same shapes)."""
+    grads = [grad for grad in grads if grad.numel() > 0]
     if not grads:
         return
     coalesced = _flatten_dense_tensors(grads)
@@ -55,7 +54,10 @@ def _allreduce_layernorm_grads(model: List[torch.nn.Module], config) -> None:
         return param.requires_grad and (getattr(param, "sequence_parallel", False) or is_qk_layernorm)
 
     grads = [
-        _main_grad(param) for chunk in model for name, param in chunk.named_parameters() if summed_over_tp(name, param)
+        chunk.reduced_grad(param)
+        for chunk in model
+        for name, param in chunk.named_parameters()
+        if summed_over_tp(name, param)
     ]
     _all_reduce_coalesced(grads, parallel_state.get_tensor_model_parallel_group())
 
@@ -75,7 +77,9 @@ def _allreduce_stage_copies(model: List[torch.nn.Module], group, is_copy) -> Non
         return
     chunk = _stage_chunk(model)
     grads = [
-        _main_grad(param) for name, param in chunk.named_parameters() if param.requires_grad and is_copy(name, param)
+        chunk.reduced_grad(param)
+        for name, param in chunk.named_parameters()
+        if param.requires_grad and is_copy(name, param)
     ]
     _all_reduce_coalesced(grads, group)
 

@@ -11,12 +11,12 @@ is a view into it. With the distributed optimizer there is a param buffer of the
 """
 
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .buffer_layout import compute_buffer_layout
+from .buffer_layout import compute_buffer_layout, owned_ranges
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_bucket import _ParamAndGradBucket
 
@@ -29,8 +29,11 @@ class _ParamAndGradBuffer:
 
     `gradient_scaling_factor` multiplies the gradients before the collective: 1/data-parallel size for
     a mean by summation, 1 when the collective averages or the loss is normalised per token.
+    `param_layers` ({param: transformer layer}, optional): buckets close only between layers.
     `param_index_map[param]` = (start, end, bucket id) in the buffer.
     """
+
+    bucket_class = _ParamAndGradBucket  # a subclass may keep its buckets' gradients otherwise
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class _ParamAndGradBuffer:
         bucket_size: Optional[int],
         param_to_name: Dict[torch.nn.Parameter, str],
         gradient_scaling_factor: float,
+        param_layers: Optional[Dict[torch.nn.Parameter, int]] = None,
     ):
         self.ddp_config = ddp_config
         self.param_dtype = param_dtype
@@ -63,27 +67,29 @@ class _ParamAndGradBuffer:
             self.data_parallel_world_size,
             ddp_config.use_distributed_optimizer,
             [getattr(param, "shared_embedding", False) for param in params],
+            None if param_layers is None else [param_layers.get(param) for param in params],
         )
         self.numel = layout.numel
         self.numel_unpadded = layout.numel_unpadded
         self.param_index_map = {param: layout.param_ranges[index] for index, param in enumerate(params)}
-        self.grad_data = torch.zeros(self.numel, dtype=grad_dtype, device=device)
+        bucket_grads = self._allocate_grads(layout, device)
         self.param_data = None
         if ddp_config.use_distributed_optimizer:
             self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)
         for param in params:
-            start, end, _ = self.param_index_map[param]
+            start, end, bucket_id = self.param_index_map[param]
             if self.param_data is not None:
                 initial = param.data
                 param.data = self.param_data[start:end].view(param.dtype).view(param.shape)
                 param.data.copy_(initial)
-            param.main_grad = self.grad_data[start:end].view(param.shape)
+            bucket_start = layout.buckets[bucket_id].start
+            param.main_grad = bucket_grads[bucket_id][start - bucket_start : end - bucket_start].view(param.shape)
 
         self.buckets = [
-            _ParamAndGradBucket(
+            self.bucket_class(
                 [params[index] for index in bucket.param_indices],
                 None if self.param_data is None else self.param_data[bucket.start : bucket.end],
-                self.grad_data[bucket.start : bucket.end],
+                bucket_grads[bucket.bucket_id],
                 bucket.start,
                 bucket.numel_unpadded,
                 gradient_scaling_factor,
@@ -107,6 +113,26 @@ class _ParamAndGradBuffer:
                 for bucket in self.buckets
             ),
         )
+
+    def _allocate_grads(self, layout, device: torch.device) -> List[torch.Tensor]:
+        """Each bucket's gradient storage: here views into one zeroed flat buffer, `self.grad_data`."""
+        self.grad_data = torch.zeros(self.numel, dtype=self.grad_dtype, device=device)
+        return [self.grad_data[bucket.start : bucket.end] for bucket in layout.buckets]
+
+    def owned_pieces(self) -> Dict[torch.nn.Parameter, Tuple[_ParamAndGradBucket, Tuple[int, int], Tuple[int, int]]]:
+        """With the distributed optimizer, the pieces of its params that this data-parallel rank owns:
+        {param: (bucket, (start, end) in the bucket's `grad_shard`, (start, end) in the flattened param)};
+        params of which it owns nothing are left out."""
+        rank = dist.get_rank(self.data_parallel_group)
+        pieces = {}
+        for bucket in self.buckets:
+            in_bucket = {param: self.param_index_map[param][:2] for param in bucket.params_list}
+            end = bucket.offset + bucket.grad_data.numel()
+            for param, (_, local, in_param) in owned_ranges(
+                in_bucket, bucket.offset, end, rank, self.data_parallel_world_size
+            ).items():
+                pieces[param] = (bucket, local, in_param)
+        return pieces
 
     def scale_gradients(self, scaling_factor: float) -> None:
         """grad_data *= scaling_factor."""

@@ -192,6 +192,11 @@ class TorchFullyShardedDataParallel(_BaseDataParallel):
         """This rank's gradient shards (the local pieces of the DTensor gradients)."""
         return [local_tensor(param.grad) for param in self.module.parameters() if param.grad is not None]
 
+    def reduced_grad(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """This rank's rows of `param`'s reduced gradient (its copies on other TP ranks or pipeline stages are
+        sharded alike, so they hold the same rows)."""
+        return local_tensor(param.grad)
+
     def zero_grad_buffer(self) -> None:
         """Drops the gradients: the first reduce-scatter of the next step writes them afresh."""
         for param in self.module.parameters():

@@ -66,33 +66,6 @@ class ShardRange:
     param_end: int
 
 
-def owned_ranges(
-    param_buffer_ranges: Dict[object, Tuple[int, int]],
-    bucket_start: int,
-    bucket_end: int,
-    data_parallel_rank: int,
-    data_parallel_size: int,
-) -> Dict[object, Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int]]]:
-    """For the params of one bucket (their [start, end) in the buffer), the pieces that `data_parallel_rank`
-    owns: {param: ((buffer start, end), (start, end) in the rank's shard, (start, end) in the param)}.
-
-    The shard of rank r is [bucket_start + r*S, bucket_start + (r+1)*S), S = (bucket_end - bucket_start) / dp.
-    """
-    shard_size = (bucket_end - bucket_start) // data_parallel_size
-    shard_start = bucket_start + data_parallel_rank * shard_size
-    shard_end = shard_start + shard_size
-    pieces = {}
-    for param, (start, end) in param_buffer_ranges.items():
-        piece_start, piece_end = max(start, shard_start), min(end, shard_end)
-        if piece_end > piece_start:
-            pieces[param] = (
-                (piece_start, piece_end),
-                (piece_start - shard_start, piece_end - shard_start),
-                (piece_start - start, piece_end - start),
-            )
-    return pieces
-
-
 class DistributedOptimizer(MixedPrecisionOptimizer):
     """Shards the fp32 main params and Adam state of `optimizer`'s params over the data-parallel ranks.
 
@@ -129,14 +102,13 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self.grad_stats_parallel_group = dist.group.WORLD
 
         self.shard_ranges: Dict[torch.nn.Parameter, ShardRange] = {}
+        # This rank's piece of each param's reduced gradient, in its bucket's `grad_shard` (a view into DDP's
+        # grad buffer, or a buffer of its own where the gradients are sharded too: fsdp/sharded_grads.py).
+        self._grad_pieces: Dict[torch.nn.Parameter, torch.Tensor] = {}
         for buffer in self.buffers:
-            rank = dist.get_rank(buffer.data_parallel_group)
-            for bucket in buffer.buckets:
-                in_bucket = {param: buffer.param_index_map[param][:2] for param in bucket.params_list}
-                pieces = owned_ranges(in_bucket, bucket.offset, bucket.offset + bucket.grad_data.numel(), rank,
-                                      buffer.data_parallel_world_size)
-                for param, (_, local, in_param) in pieces.items():
-                    self.shard_ranges[param] = ShardRange(*local, *in_param)
+            for param, (bucket, local, in_param) in buffer.owned_pieces().items():
+                self.shard_ranges[param] = ShardRange(*local, *in_param)
+                self._grad_pieces[param] = bucket.grad_shard[local[0] : local[1]]
 
         # Index-aligned lists over the params this rank owns a piece of, in param-group order.
         self.model_params: List[torch.nn.Parameter] = []
@@ -190,9 +162,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     def _copy_model_grads_to_main_grads(self) -> None:
         for param, main_shard in zip(self.model_params, self.main_shards):
-            piece = self.shard_ranges[param]
             # After the reduce-scatter only this rank's shard of the grad buffer holds the mean gradient.
-            main_shard.grad = param.main_grad.view(-1)[piece.param_start : piece.param_end].float()
+            main_shard.grad = self._grad_pieces[param].float()
             param.grad = None
 
     def _float16_shards(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:

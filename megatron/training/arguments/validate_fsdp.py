@@ -3,7 +3,7 @@
 
     no_shard            DDP                               --use-distributed-optimizer turned off
     optim               DDP + the distributed optimizer   --use-distributed-optimizer turned on (as Megatron-LM)
-    optim_grads         FSDP2, params kept gathered from each layer's forward to its backward
+    optim_grads         DDP's buffers with sharded gradients + the distributed optimizer (turned on)
     optim_grads_params  FSDP2 (as --use-torch-fsdp2)
 
 (the optimizer each strategy takes is derived in the distributed section, config/parallel.py). FSDP2 overlaps
@@ -23,7 +23,7 @@ _MEGATRON_FSDP_DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": ("--megatron-fs
                               "megatron_fsdp_main_grads_dtype": ("--megatron-fsdp-main-grads-dtype", None),
                               "megatron_fsdp_grad_comm_dtype": ("--megatron-fsdp-grad-comm-dtype", None)}
 
-_PARAMS_SHARDED = ("optim_grads", "optim_grads_params")
+_PARAMS_SHARDED = ("optim_grads_params",)
 
 
 def _fsdp2_flag(args) -> str | None:

@@ -225,12 +225,15 @@ class DistributedConfig(Section):
 
     def _megatron_fsdp_values(self) -> dict:
         """--use-megatron-fsdp's strategy decides the optimizer: the distributed one for `optim` (as Megatron-LM
-        turns it on), none with the sharded strategies (FSDP2 shards the optimizer itself) nor with no_shard,
+        turns it on) and `optim_grads` (sharded gradients on DDP's buffers), none with optim_grads_params (FSDP2
+        shards the optimizer itself) nor with no_shard,
         which gathers no params either (its gradient all-reduce overlaps)."""
         if not self.use_megatron_fsdp:
             return {}
         strategy = self.data_parallel_sharding_strategy
-        values = {"use_distributed_optimizer": strategy == "optim"}
+        values = {"use_distributed_optimizer": strategy in ("optim", "optim_grads")}
+        if strategy == "optim_grads":
+            values["overlap_grad_reduce"] = True  # its gradients are reduce-scattered in every backward
         if strategy == "no_shard":
             values["overlap_param_gather"] = False
         return values

@@ -1,14 +1,13 @@
 """Buffer layouts and distributed-optimizer shards against layouts worked out by hand from Megatron's rules
 (reverse order; with the distributed optimizer params start at multiples of 64, buckets end at multiples of
-lcm(dp, 128), a shared embedding gets its own bucket)."""
+lcm(dp, 128), a shared embedding gets its own bucket; layer-aligned buckets hold whole layers)."""
 
 from types import SimpleNamespace
 
 import torch
 
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.distributed.buffer_layout import compute_buffer_layout
-from megatron.core.optimizer.distrib_optimizer import owned_ranges
+from megatron.core.distributed.buffer_layout import compute_buffer_layout, owned_ranges
 
 
 def _buckets(layout):
@@ -54,6 +53,18 @@ def test_shared_embedding_gets_its_own_bucket_only_with_the_distributed_optimize
     assert _buckets(layout) == [(0, 128, 128, (2, 1)), (128, 512, 300, (0,))]
     assert layout.param_ranges[0] == (128, 428, 1)
     assert _buckets(compute_buffer_layout(numels, None, 2, False, shared)) == [(0, 330, 330, (2, 1, 0))]
+
+
+def test_layer_aligned_buckets_close_only_between_layers():
+    # Module order: embedding, layer 0 (a, b), layer 1 (a, b), final norm. Laid out back to front with
+    # bucket_size 25: p5 [0, 5); p4 [5, 55) reaches 25 inside layer 1, so the bucket runs on through p3
+    # [55, 95) and closes before layer 0; p2 [95, 125) reaches 25 inside layer 0: on through p1 [125, 145);
+    # the embedding p0 [145, 155) is the rest. By size alone the cuts would fall after p4, p3, p2 and p0.
+    numels, layers = [10, 20, 30, 40, 50, 5], [None, 0, 0, 1, 1, None]
+    layout = compute_buffer_layout(numels, 25, 2, False, param_layers=layers)
+    assert _buckets(layout) == [(0, 95, 95, (5, 4, 3)), (95, 145, 50, (2, 1)), (145, 155, 10, (0,))]
+    by_size = compute_buffer_layout(numels, 25, 2, False)
+    assert [bucket.param_indices for bucket in by_size.buckets] == [(5, 4), (3,), (2,), (1, 0)]
 
 
 def test_params_and_grads_are_views_into_the_padded_buffers(single_rank_groups):

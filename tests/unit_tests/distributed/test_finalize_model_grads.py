@@ -8,6 +8,7 @@ import torch
 
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed.fsdp.sharded_grads import ShardedGradDataParallel
 from tests.unit_tests.dist_utils import run_distributed
 
 
@@ -59,6 +60,13 @@ def _tied_embeddings_across_stages():
         "position_embeddings.weight": [pytest.approx(3.0 / 7)],
         "other.weight": [pytest.approx((stage + 1) / 7)],
     }
+    # Sharded gradients shard the position embeddings differently on each stage: refused.
+    sharded_config = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True)
+    settings = SimpleNamespace(calculate_per_token_loss=False, qk_layernorm=False)
+    module = torch.nn.Module()
+    module.position_embeddings = torch.nn.Embedding(3, 4)
+    with pytest.raises(NotImplementedError, match="optim_grads does not support position embeddings held by"):
+        ShardedGradDataParallel(settings, sharded_config, module)
 
 
 def _per_token_division_over_data_parallel_ranks():

@@ -4,7 +4,11 @@ Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G
 explicit layer layout whose first chunk holds no transformer layer, PP=4 (tied),
 uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
 embeddings), and on 8 ranks TP=2 (+SP) x PP=2 x DP=2 and TP=2 x PP=2 x CP=2 (the Llama-like model, ring
-attention); FSDP2 (TorchFullyShardedDataParallel) in place of DDP at FSDP=2 x PP=2 and FSDP=2 x TP=2 (+SP). Every layout trains the same 4-layer model on the same global batch of 8 sequences with
+attention); FSDP2 (TorchFullyShardedDataParallel, optim_grads_params) in place of DDP at FSDP=2 x PP=2 and
+FSDP=2 x TP=2 (+SP), and likewise Megatron-FSDP's optim_grads (ShardedGradDataParallel: gradients
+reduce-scattered into shards in every backward, the distributed optimizer; buckets of ~half a layer), whose
+TP sums of norm gradients and PP sum of the tied embedding's run on the gradient shards. Every layout trains
+the same 4-layer model on the same global batch of 8 sequences with
 Megatron-Core's path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`,
 finalize_model_grads, get_megatron_optimizer with Adam and clipping, the GPT task's CP batch split and
 loss function); the reference is that model in one process with `torch.optim.AdamW` and `clip_grad_norm_`.
@@ -31,10 +35,12 @@ from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
+    FullyShardedDataParallel,
     TorchFullyShardedDataParallel,
     TorchFullyShardedDataParallelConfig,
     finalize_model_grads,
 )
+from megatron.core.distributed.fsdp.sharded_grads import ShardedGradDataParallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -75,10 +81,13 @@ LAYOUTS = {
     "TP=2+SP x PP=2 x DP=2": ("gpt2", 8, dict(tp=2, pp=2, sequence_parallel=True)),
     "TP=2 x PP=2 x CP=2": ("llama", 8, dict(tp=2, pp=2, cp=2)),
     # FSDP2 in place of DDP (fp32 shards over the DP ranks): across pipeline stages (tied embedding), and
-    # across TP ranks (an untied output layer as a unit of its own).
-    "FSDP=2 x PP=2": ("gpt2", 4, dict(pp=2, fsdp=True)),
-    "FSDP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, fsdp=True)),
+    # across TP ranks (an untied output layer as a unit of its own). Then sharded gradients on DDP's buffers.
+    "FSDP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads_params")),
+    "FSDP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, sharding="optim_grads_params")),
+    "optim_grads DP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads")),
+    "optim_grads DP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, sharding="optim_grads")),
 }
+ZERO2_BUCKET_SIZE = 20000  # elements: about half a layer (a GPT-2-like layer holds ~50k), several buckets a stage
 
 
 def _global_batches():
@@ -167,7 +176,12 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
         """(reference name, tensor) of a chunk's params (source "param") or their main grads ("grad")."""
         chunk = chunks[chunk_index]
         for key, param in chunk.named_parameters():
-            tensor = (param.main_grad if hasattr(param, "main_grad") else param.grad) if source == "grad" else param
+            if source == "param":
+                tensor = param
+            elif isinstance(model[chunk_index], ShardedGradDataParallel):
+                tensor = _gathered_grad(model[chunk_index], param)
+            else:
+                tensor = param.main_grad if hasattr(param, "main_grad") else param.grad
             if isinstance(tensor, DTensor):  # an FSDP shard: gathered over the DP ranks
                 tensor = tensor.full_tensor()
             yield _reference_name(_global_name(key, offsets[chunk_index]), chunk), key, tensor
@@ -181,14 +195,13 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
                     worst["tied copy at init"] = (param - expected).abs().max().item()
                 param.copy_(expected)
 
-    model = [
-        TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), chunk) if layout.get("fsdp")
-        else DistributedDataParallel(config, DistributedDataParallelConfig(), chunk, disable_bucketing=index > 0)
-        for index, chunk in enumerate(chunks)
-    ]
+    model = [_wrap(config, chunk, layout.get("sharding"), disable_bucketing=index > 0)
+             for index, chunk in enumerate(chunks)]
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = [chunk.no_sync for chunk in model]
-    optimizer = get_megatron_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP), model)
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP, use_distributed_optimizer=layout.get("sharding") == "optim_grads",
+    ), model)
     OptimizerParamScheduler(
         optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",
         start_wd=WEIGHT_DECAY, end_wd=WEIGHT_DECAY, wd_incr_steps=1, wd_incr_style="constant",
@@ -230,6 +243,26 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
     )
     parallel_state.destroy_model_parallel()
     return worst
+
+
+def _wrap(config, chunk, sharding, disable_bucketing):
+    """The chunk in DDP, FSDP2 (optim_grads_params) or Megatron-FSDP's optim_grads."""
+    if sharding == "optim_grads_params":
+        return TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), chunk)
+    if sharding == "optim_grads":
+        ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True, data_parallel_sharding_strategy=sharding,
+                                                   bucket_size=ZERO2_BUCKET_SIZE)
+        return FullyShardedDataParallel(config, ddp_config, chunk)
+    return DistributedDataParallel(config, DistributedDataParallelConfig(), chunk, disable_bucketing=disable_bucketing)
+
+
+def _gathered_grad(wrapped: ShardedGradDataParallel, param: torch.nn.Parameter) -> torch.Tensor:
+    """A param's reduced gradient made whole: its bucket's gradient shards gathered over the DP ranks."""
+    bucket = wrapped.param_to_bucket[param]
+    shards = [torch.empty_like(bucket.grad_shard) for _ in range(bucket.data_parallel_world_size)]
+    dist.all_gather(shards, bucket.grad_shard, group=bucket.data_parallel_group)
+    start, end = bucket.param_to_index[param]
+    return torch.cat(shards)[start:end].view(param.shape)
 
 
 def _forward_step(data_iterator, model):

@@ -260,12 +260,11 @@ def test_bf16_moments_take_4_bytes_per_parameter_off_the_llama_3_6b():
 
 
 @pytest.mark.parametrize("flags, gathered", [(("--use-torch-fsdp2",), False),
-                                             (("--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-                                               "optim_grads"), True)])
+                                             (("--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"), True)])
 def test_fsdp_estimate_counts_the_shards(single_rank, flags, gathered):
     """FSDP on one rank (a mesh of one) under --bf16: the fp32 shards, their fp32 gradients and Adam's moments as
-    measured, 16 bytes per parameter with no separate main copy; ZeRO-2 (optim_grads) counts the bf16 weights
-    gathered from forward to backward on top."""
+    measured, 16 bytes per parameter with no separate main copy; without resharding after forward the bf16
+    weights gathered from forward to backward count on top."""
     args = _args("--bf16", *flags)
     model, optimizer, _ = _trained_once(args)
     tensors = [local_tensor(param) for param in model.parameters()]

@@ -7,12 +7,13 @@ What each of the n data-parallel ranks keeps 1/n of, and what builds it here:
     no_shard              nothing                               DistributedDataParallel: all-reduced grads
     optim                 optimizer state (1)                   DistributedDataParallel + DistributedOptimizer:
                                                                 grads reduce-scattered, params all-gathered
-    optim_grads           + gradients (2)                       TorchFullyShardedDataParallel keeping each unit's
-                                                                params gathered from its forward to its backward
-    optim_grads_params    + params (3)                          TorchFullyShardedDataParallel
+    optim_grads           + gradients (2)                       ShardedGradDataParallel + DistributedOptimizer:
+                                                                each backward reduce-scatters into fp32 grad
+                                                                shards, no whole grad buffer (sharded_grads.py)
+    optim_grads_params    + params (3)                          TorchFullyShardedDataParallel (PyTorch FSDP2)
 
-The two sharded strategies keep fp32 params as their main params (no Float16Module) and take the
-FullyShardedOptimizer; `optim` needs OptimizerConfig.use_distributed_optimizer.
+optim_grads_params keeps fp32 params as its main params (no Float16Module) and takes the FullyShardedOptimizer;
+`optim` and `optim_grads` need OptimizerConfig.use_distributed_optimizer (the training arguments turn it on).
 """
 
 import dataclasses
@@ -22,10 +23,12 @@ import torch
 from ..distributed_data_parallel import DistributedDataParallel
 from ..distributed_data_parallel_config import DistributedDataParallelConfig
 from ..torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
+from .sharded_grads import ShardedGradDataParallel
 from ..torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-_PARAMS_SHARDED = {"optim_grads": False, "optim_grads_params": True}  # strategy: reshard_after_forward
+_PARAMS_SHARDED = {"optim_grads_params": True}  # strategies on FSDP2: reshard_after_forward
+_DISTRIBUTED_OPTIMIZER = ("optim", "optim_grads")
 
 
 def _strategy(ddp_config: DistributedDataParallelConfig) -> str:
@@ -37,8 +40,8 @@ def _strategy(ddp_config: DistributedDataParallelConfig) -> str:
 
 
 def uses_distributed_optimizer(ddp_config: DistributedDataParallelConfig) -> bool:
-    """Whether the strategy's optimizer is the DistributedOptimizer (`optim`)."""
-    return ddp_config.use_megatron_fsdp and _strategy(ddp_config) == "optim"
+    """Whether the strategy's optimizer is the DistributedOptimizer (`optim`, `optim_grads`)."""
+    return ddp_config.use_megatron_fsdp and _strategy(ddp_config) in _DISTRIBUTED_OPTIMIZER
 
 
 def shards_params(ddp_config: DistributedDataParallelConfig) -> bool:
@@ -51,7 +54,7 @@ def shards_params(ddp_config: DistributedDataParallelConfig) -> bool:
 
 def reshards_after_forward(ddp_config: DistributedDataParallelConfig) -> bool:
     """For a chunk that `shards_params`: whether each unit's gathered params are freed after its forward (ZeRO-3)
-    rather than kept until its backward (ZeRO-2: the whole model gathered while a microbatch is in flight)."""
+    rather than kept until its backward (--torch-fsdp2-no-reshard-after-forward)."""
     if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
         return ddp_config.reshard_after_forward
     return _PARAMS_SHARDED[_strategy(ddp_config)]
@@ -70,7 +73,7 @@ def built_megatron_fsdp_dtypes(strategy: str, grad_reduce_in_fp32: bool, params_
     in DDP's buffer of the reduction dtype."""
     reduced = torch.float32 if grad_reduce_in_fp32 else params_dtype
     return {"megatron_fsdp_main_params_dtype": torch.float32,
-            "megatron_fsdp_main_grads_dtype": torch.float32 if strategy in _PARAMS_SHARDED else reduced,
+            "megatron_fsdp_main_grads_dtype": torch.float32 if strategy.startswith("optim_grads") else reduced,
             "megatron_fsdp_grad_comm_dtype": reduced}
 
 
@@ -92,8 +95,8 @@ def megatron_fsdp_dtype_mismatches(settings, grad_reduce_in_fp32: bool, params_d
 def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, module: torch.nn.Module,
                              disable_bucketing: bool = False, **unused):
     """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
-    a DistributedDataParallel (no_shard, optim) or a TorchFullyShardedDataParallel (optim_grads,
-    optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
+    a DistributedDataParallel (no_shard, optim), a ShardedGradDataParallel (optim_grads) or a
+    TorchFullyShardedDataParallel (optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
     accepted and not used: the groups come from parallel_state, the units are fixed."""
     strategy = _strategy(ddp_config)
     mismatches = megatron_fsdp_dtype_mismatches(ddp_config, ddp_config.grad_reduce_in_fp32, config.params_dtype)
@@ -106,7 +109,13 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
         fields.update(use_distributed_optimizer=False, overlap_param_gather=False)
         fsdp_config = TorchFullyShardedDataParallelConfig(**fields, reshard_after_forward=reshards_after_forward(ddp_config))
         return TorchFullyShardedDataParallel(config, fsdp_config, module)
-    fields["use_distributed_optimizer"] = strategy == "optim"
+    fields["use_distributed_optimizer"] = strategy in _DISTRIBUTED_OPTIMIZER
+    if strategy == "optim_grads":
+        # Each backward reduce-scatters bucket by bucket (as Megatron-FSDP, whatever the overlap flags say).
+        fields.update(overlap_grad_reduce=True)
+        wrapped = ShardedGradDataParallel(config, DistributedDataParallelConfig(**fields), module, disable_bucketing)
+        wrapped.broadcast_params()
+        return wrapped
     if strategy == "no_shard":
         fields["overlap_param_gather"] = False  # nothing is gathered: the all-reduce overlaps, as in Megatron-FSDP
     return wrap_data_parallel(config, DistributedDataParallelConfig(**fields), module, disable_bucketing)

@@ -17,7 +17,7 @@ def two_ranks(monkeypatch):
 
 
 @pytest.mark.parametrize("strategy, distributed_optimizer, sharded", [
-    ("no_shard", False, False), ("optim", True, False), ("optim_grads", False, True),
+    ("no_shard", False, False), ("optim", True, False), ("optim_grads", True, False),
     ("optim_grads_params", False, True),
 ])
 def test_each_strategy_picks_its_optimizer_and_wrapper(validated, strategy, distributed_optimizer, sharded):

@@ -4,7 +4,7 @@ to and from other layouts (TP=2 at DP=1, and one process) through the DDP checkp
 Every rank trains on the same batches, so data parallelism changes no value: a layout change shows only as
 rounding (TP splits the GEMMs; the gradient norm is summed over other pieces), measured at 1.4e-5 relative on
 the losses after the load (asserted: 1e-4). A checkpoint that goes through another layout untouched resumes
-bit for bit.
+bit for bit. Megatron-FSDP's optim_grads (ZeRO-2 on the distributed optimizer) resumes bit for bit too.
 """
 
 import os
@@ -83,3 +83,30 @@ def test_fsdp_checkpoint_resumes_exactly_and_reshards(tmp_path, monkeypatch, sin
     model, optimizer, scheduler = _resume(args, str(tmp_path / "fsdp"), seed=77)
     single = train_steps(model, optimizer, scheduler, args, SAVED_AT, 2)
     torch.testing.assert_close(single, straight_losses, rtol=1e-4, atol=0)
+
+
+def _zero2_resume(rank, world_size, directory, args):
+    init_num_microbatches_calculator(rank, None, BATCH_SIZE * world_size, BATCH_SIZE, world_size)
+    parallel_state.initialize_model_parallel()
+    args.save = directory
+    model, optimizer, scheduler = build_run(args, seed=1234)
+    train_steps(model, optimizer, scheduler, args, 0, SAVED_AT)
+    save_checkpoint(SAVED_AT, [model], optimizer, scheduler, 0.0, args=args)
+    straight = train_steps(model, optimizer, scheduler, args, SAVED_AT, 2), _full_weights(model)
+    args.consumed_train_samples = 0
+    model, optimizer, scheduler = _resume(args, directory, seed=77)
+    return straight, (train_steps(model, optimizer, scheduler, args, SAVED_AT, 2), _full_weights(model))
+
+
+def test_megatron_fsdp_optim_grads_resumes_exactly(tmp_path, monkeypatch, single_rank):
+    """ZeRO-2 (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads: the distributed optimizer's
+    checkpoint code over sharded gradients) resumes bit for bit from torch_dist."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = make_args(*FLAGS, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+                     "--global-batch-size", 2 * BATCH_SIZE)
+    monkeypatch.delenv("WORLD_SIZE")
+    for (straight_losses, straight_weights), (losses, weights) in run_distributed(_zero2_resume, 2, str(tmp_path),
+                                                                                  args):
+        assert losses == straight_losses
+        for key, value in weights.items():
+            assert torch.equal(value, straight_weights[key]), key
