@@ -56,9 +56,9 @@ def _refuse_position_embeddings_across_stages(module: torch.nn.Module) -> None:
     if dist.get_world_size(parallel_state.get_position_embedding_group()) == 1:
         return
     if any(name.endswith("position_embeddings.weight") for name, _ in module.named_parameters()):
-        raise NotImplementedError(
-            "--use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads does not support position "
-            "embeddings held by several pipeline stages yet (a position-embedding group of more than one "
+        raise ValueError(
+            "--use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads: position embeddings held by "
+            "several pipeline stages are not supported yet (a position-embedding group of more than one "
             "rank, from get_position_embedding_ranks); use --data-parallel-sharding-strategy optim or "
             "optim_grads_params"
         )
