@@ -134,6 +134,12 @@ class _ParamAndGradBuffer:
                 pieces[param] = (bucket, local, in_param)
         return pieces
 
+    def owned_grad_pieces(self) -> Dict[torch.nn.Parameter, torch.Tensor]:
+        """{param: this rank's piece of its reduced gradient}, flat views into the buckets' `grad_shard` (see
+        `owned_pieces`)."""
+        return {param: bucket.grad_shard[local[0] : local[1]]
+                for param, (bucket, local, _) in self.owned_pieces().items()}
+
     def scale_gradients(self, scaling_factor: float) -> None:
         """grad_data *= scaling_factor."""
         self.grad_data *= scaling_factor

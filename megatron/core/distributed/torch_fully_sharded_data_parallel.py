@@ -116,8 +116,7 @@ class TorchFullyShardedDataParallel(_BaseDataParallel):
         # computed other values than it saved (and bf16 angles are off by whole radians at long positions).
         layer_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype,
                                            cast_forward_inputs=False)
-        units = _units(module)
-        for unit in units:
+        for unit in _units(module):
             self._prepare_unsharded_params(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=layer_policy)
         _prefetch_next_layers(module)

@@ -106,9 +106,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         # grad buffer, or a buffer of its own where the gradients are sharded too: fsdp/sharded_grads.py).
         self._grad_pieces: Dict[torch.nn.Parameter, torch.Tensor] = {}
         for buffer in self.buffers:
-            for param, (bucket, local, in_param) in buffer.owned_pieces().items():
+            for param, (_, local, in_param) in buffer.owned_pieces().items():
                 self.shard_ranges[param] = ShardRange(*local, *in_param)
-                self._grad_pieces[param] = bucket.grad_shard[local[0] : local[1]]
+            self._grad_pieces.update(buffer.owned_grad_pieces())
 
         # Index-aligned lists over the params this rank owns a piece of, in param-group order.
         self.model_params: List[torch.nn.Parameter] = []

@@ -211,8 +211,8 @@ class ShardedGradDataParallel(DistributedDataParallel):
         self._module_buckets[module] = self._buckets_of(param for param in module.parameters() if param not in inside)
         self._layer_hooks = [sub.register_forward_hook(self._materialize_before_backward)
                              for sub in self._module_buckets]
-        self._grad_pieces = {param: bucket.grad_shard[local[0] : local[1]] for buffer in self._all_buffers
-                             for param, (bucket, local, _) in buffer.owned_pieces().items()}
+        self._grad_pieces = {param: piece for buffer in self._all_buffers
+                             for param, piece in buffer.owned_grad_pieces().items()}
         _refuse_position_embeddings_across_stages(module)
 
     def _param_layers(self) -> Dict[torch.nn.Parameter, int]:
