@@ -10,13 +10,10 @@ import functools
 import torch
 
 
-def cuda_fuser(function=None, *, options: dict | None = None):
+def cuda_fuser(function):
     """Decorator: `function(*tensors...)` runs compiled (Inductor -> Triton) when its first argument is a
-    CUDA tensor, eagerly otherwise. The compiled version is built on the first CUDA call, with Inductor
-    `options` if given (`cuda_fuser(options=...)`). Inside a region that is being compiled as a whole (a
-    compiled transformer layer) the plain function is traced into it."""
-    if function is None:
-        return functools.partial(cuda_fuser, options=options)
+    CUDA tensor, eagerly otherwise. The compiled version is built on the first CUDA call. Inside a region
+    that is being compiled as a whole (a compiled transformer layer) the plain function is traced into it."""
     compiled = None
 
     @functools.wraps(function)
@@ -25,9 +22,8 @@ def cuda_fuser(function=None, *, options: dict | None = None):
         if first.device.type != "cuda" or torch.compiler.is_compiling():
             return function(first, *args, **kwargs)
         if compiled is None:
-            compiled = torch.compile(function, options=options)
+            compiled = torch.compile(function)
         return compiled(first, *args, **kwargs)
 
     dispatch.eager = function
-    dispatch.compile_options = options
     return dispatch

@@ -152,17 +152,16 @@ def test_data_parallel_fp8_weights_gather_bytes_and_match_one_rank(single_rank_g
 
 def test_compiled_casts_and_scales_give_the_eager_bits():
     """On CUDA the optimizer's cast of main params and a bf16 weight's tensorwise cast run compiled, the FP8
-    weights' scales eagerly; compiled (Inductor on the CPU here) each gives the eager bits: the rounding to bf16
-    is not fused away, and scales and inverse scales are correctly rounded on both sides (Triton's fp32 division
-    is not, so they are computed in fp64)."""
+    weights' scales eagerly; compiled (Inductor on the CPU here) each gives the eager bits: the cast of the
+    bf16-rounded main params, and the scales and inverse scales, correctly rounded on both sides (Triton's fp32
+    division is not, so they are computed in fp64). The GPU test checks the casts' bytes on the GPU."""
     torch._dynamo.reset()
     generator = torch.Generator().manual_seed(0)
     values = torch.randn(1 << 16, generator=generator) * 0.02
     amaxes = torch.exp(torch.randn(1 << 12, generator=generator) * 5)
     scale = torch.tensor(448 / 0.1)
-    compiled_cast = torch.compile(quantize_rounded.eager, options=quantize_rounded.compile_options)
-    got = compiled_cast(values, scale, torch.float8_e4m3fn, torch.bfloat16)
-    expected = saturating_cast(values.to(torch.bfloat16), scale, torch.float8_e4m3fn)
+    got = torch.compile(saturating_cast)(values.to(torch.bfloat16), scale, torch.float8_e4m3fn)
+    expected = quantize_rounded(values, scale, torch.float8_e4m3fn, torch.bfloat16)
     assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
     scales = scale_from_amax(amaxes, 448.0, 0, torch.ones_like(amaxes))
     exact = torch.tensor([448.0 / amax for amax in amaxes.tolist()]).float()  # IEEE double quotients, rounded once
