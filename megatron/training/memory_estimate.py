@@ -44,6 +44,8 @@ sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads_params) 
 params: 4 (weight) + 4 (gradient) + the moments, all divided by DP x CP, and with
 --torch-fsdp2-no-reshard-after-forward the weights gathered in the compute dtype (2 or 4) from forward to
 backward on top; the gathered params of the one or two layers computing under ZeRO-3 are not counted.
+With --fp8-param-gather the weights of the parallel linears in the layers that run in FP8 (QKV, projection,
+fc1, fc2: the layers' TP-split parameters, their column-parallel biases counted with them) take 1 byte.
 --use-megatron-fsdp optim_grads (ZeRO-2) is the distributed optimizer with an fp32 gradient shard (4 / DP x CP)
 instead of the gradient buffer; its few buckets of gradients in flight during backward are not counted.
 
@@ -371,6 +373,19 @@ def _activation_bytes(args) -> tuple[int, int]:
     return sum(layers) + outside, full
 
 
+def _fp8_weight_elements(args) -> int:
+    """Elements of the weights stored in FP8 (--fp8-param-gather) on a first-stage rank: the TP-split parameters
+    of its layers that run in FP8 (--first-last-layers-bf16 keeps some out)."""
+    if not (args.fp8 and args.fp8_param_gather):
+        return 0
+    start, end = 0, args.num_layers
+    if args.first_last_layers_bf16:
+        start, end = args.num_layers_at_start_in_bf16, args.num_layers - args.num_layers_at_end_in_bf16
+    first_stage = _layers(args)[: args.num_layers // args.pipeline_model_parallel_size]
+    return sum(split // args.tensor_model_parallel_size for index, (split, _, _) in enumerate(first_stage)
+               if start <= index < end)
+
+
 def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     """Memory per GPU of the first pipeline stage (see the module docstring for the model)."""
     parameters = parameters_per_rank(args)["first stage"]
@@ -384,6 +399,7 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
     weights, gradients = parameters * (2 if mixed else 4), parameters * grad_bytes
+    weights -= _fp8_weight_elements(args) * ((2 if mixed else 4) - 1)
     if args.use_distributed_optimizer:  # dense state sharded over DP, the experts' over expert-DP
         experts = parameters_per_rank(args, experts_only=True)["first stage"]
         expert_data_parallel = args.world_size // (

@@ -259,6 +259,19 @@ def test_bf16_moments_take_4_bytes_per_parameter_off_the_llama_3_6b():
     assert saved == 4 * parameters and round(saved / 1024**3, 1) == 13.4
 
 
+@pytest.mark.parametrize("flags", [(), ("--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1")])
+def test_fp8_weights_take_one_byte(single_rank, flags):
+    """--fp8-param-gather: the estimate's weights are the model's parameter bytes (the FP8 layers' linears 1
+    byte each, the rest bf16), fewer than with bf16 weights."""
+    args = _args("--bf16", "--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer",
+                 "--swiglu", "--disable-bias-linear", *flags)
+    model, _, _ = _trained_once(args)
+    measured = sum(param.numel() * param.element_size() for param in model.parameters())
+    assert {param.dtype for param in model.parameters()} == {torch.bfloat16, torch.float8_e4m3fn}
+    estimate = estimate_memory(args, num_microbatches=1)
+    assert estimate.weights == measured < 2 * estimate.parameters
+
+
 @pytest.mark.parametrize("flags, gathered", [(("--use-torch-fsdp2",), False),
                                              (("--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"), True)])
 def test_fsdp_estimate_counts_the_shards(single_rank, flags, gathered):
