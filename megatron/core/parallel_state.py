@@ -15,6 +15,8 @@ from datetime import timedelta
 import numpy as np
 import torch.distributed as dist
 
+from megatron.core.nccl_settings import COMMUNICATOR_NAMES, load_communicator_settings, process_group_options
+
 _GROUPS: dict = {}  # name -> (this rank's group, its global ranks)
 _GLOO_TWINS: dict = {}  # global ranks -> a gloo group of those ranks (tensor_parallel/host_group.py)
 _VIRTUAL_PIPELINE_RANK = None
@@ -50,11 +52,16 @@ class RankGenerator:
         return ranks.transpose(kept + grouped).reshape(-1, group_size).tolist()
 
 
-def _new_groups(name: str, rank_lists: list[list[int]], timeout: timedelta, backend=None) -> None:
-    """Creates every group of `rank_lists` (all ranks must call this in the same order) and keeps ours."""
+def _new_groups(name: str, rank_lists: list[list[int]], timeout: timedelta, backend=None,
+                nccl_settings: dict | None = None) -> None:
+    """Creates every group of `rank_lists` (all ranks must call this in the same order) and keeps ours; an NCCL
+    group gets the settings `nccl_settings` holds for its Megatron-Core name (nccl_settings.py)."""
     rank = dist.get_rank()
+    options = None
+    if (backend or dist.get_backend()) == "nccl" and name in COMMUNICATOR_NAMES:
+        options = process_group_options((nccl_settings or {}).get(COMMUNICATOR_NAMES[name]))
     for ranks in rank_lists:
-        group = dist.new_group(ranks, timeout=timeout, backend=backend)
+        group = dist.new_group(ranks, timeout=timeout, backend=backend, pg_options=options)
         if rank in ranks:
             _GROUPS[name] = (group, ranks)
 
@@ -76,8 +83,11 @@ def initialize_model_parallel(
     get_embedding_ranks=None,
     get_position_embedding_ranks=None,
     create_gloo_process_groups: bool = True,
+    high_priority_stream_groups: list[str] | None = None,
 ) -> None:
-    """Builds all model- and data-parallel groups. `torch.distributed` must already be initialised."""
+    """Builds all model- and data-parallel groups. `torch.distributed` must already be initialised.
+    `nccl_communicator_config_path` and `high_priority_stream_groups`: NCCL settings per group
+    (megatron/core/nccl_settings.py)."""
     global _VIRTUAL_PIPELINE_RANK, _VIRTUAL_PIPELINE_WORLD_SIZE, _ORDER
     if not dist.is_initialized():
         raise RuntimeError(
@@ -88,7 +98,6 @@ def initialize_model_parallel(
         "hierarchical_context_parallel_sizes": hierarchical_context_parallel_sizes,
         "num_distributed_optimizer_instances": num_distributed_optimizer_instances != 1,
         "use_sharp": use_sharp,
-        "nccl_communicator_config_path": nccl_communicator_config_path,
     }
     for name, value in unsupported.items():
         if value:
@@ -119,25 +128,30 @@ def initialize_model_parallel(
     if "ep" not in order.split("-"):
         raise ValueError(f"parallel order {order!r} must contain ep")
 
+    settings = load_communicator_settings(nccl_communicator_config_path, high_priority_stream_groups or ())
     destroy_model_parallel()
     timeout = timedelta(minutes=distributed_timeout_minutes)
+
+    def new_groups(name: str, rank_lists: list[list[int]], backend=None) -> None:
+        _new_groups(name, rank_lists, timeout, backend, settings)
+
     dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
     expert = RankGenerator(tp=etp, ep=ep, dp=world_size // (etp * ep * pp), pp=pp, cp=1, order=order)
     if dense.get_ranks("pp") != expert.get_ranks("pp"):
         raise ValueError("dense and expert layouts give different pipeline groups; check the parallel sizes")
 
-    _new_groups("dp", dense.get_ranks("dp"), timeout)
-    _new_groups("dp-cp", dense.get_ranks("dp-cp"), timeout)
+    new_groups("dp", dense.get_ranks("dp"))
+    new_groups("dp-cp", dense.get_ranks("dp-cp"))
     if create_gloo_process_groups and dist.get_backend() != "gloo":
-        _new_groups("dp-gloo", dense.get_ranks("dp"), timeout, backend="gloo")
-        _new_groups("dp-cp-gloo", dense.get_ranks("dp-cp"), timeout, backend="gloo")
-    _new_groups("cp", dense.get_ranks("cp"), timeout)
-    _new_groups("mp", dense.get_ranks("tp-pp"), timeout)
-    _new_groups("tp", dense.get_ranks("tp"), timeout)
-    _new_groups("pp", dense.get_ranks("pp"), timeout, backend=pipeline_model_parallel_comm_backend)
-    _new_groups("tp-dp-cp", dense.get_ranks("tp-dp-cp"), timeout)
-    _new_groups("tp-dp", dense.get_ranks("tp-dp"), timeout)
-    _new_groups("tp-cp", dense.get_ranks("tp-cp"), timeout)
+        new_groups("dp-gloo", dense.get_ranks("dp"), backend="gloo")
+        new_groups("dp-cp-gloo", dense.get_ranks("dp-cp"), backend="gloo")
+    new_groups("cp", dense.get_ranks("cp"))
+    new_groups("mp", dense.get_ranks("tp-pp"))
+    new_groups("tp", dense.get_ranks("tp"))
+    new_groups("pp", dense.get_ranks("pp"), backend=pipeline_model_parallel_comm_backend)
+    new_groups("tp-dp-cp", dense.get_ranks("tp-dp-cp"))
+    new_groups("tp-dp", dense.get_ranks("tp-dp"))
+    new_groups("tp-cp", dense.get_ranks("tp-cp"))
 
     # Embedding group: the stages that hold a copy of the word embedding (first and last, for tied
     # embeddings across pipeline stages); position-embedding group: the first stage only.
@@ -151,16 +165,16 @@ def initialize_model_parallel(
             position_lists.append(list(get_position_embedding_ranks(pp_ranks)))
         else:
             position_lists.append([pp_ranks[0]])
-    _new_groups("embd", embedding_lists, timeout)
-    _new_groups("pos-embd", position_lists, timeout)
+    new_groups("embd", embedding_lists)
+    new_groups("pos-embd", position_lists)
 
-    _new_groups("ep", expert.get_ranks("ep"), timeout)
-    _new_groups("etp", expert.get_ranks("tp"), timeout)
-    _new_groups("etp-ep", expert.get_ranks("tp-ep"), timeout)
-    _new_groups("etp-ep-pp", expert.get_ranks("tp-ep-pp"), timeout)
-    _new_groups("edp", expert.get_ranks("dp"), timeout)
+    new_groups("ep", expert.get_ranks("ep"))
+    new_groups("etp", expert.get_ranks("tp"))
+    new_groups("etp-ep", expert.get_ranks("tp-ep"))
+    new_groups("etp-ep-pp", expert.get_ranks("tp-ep-pp"))
+    new_groups("edp", expert.get_ranks("dp"))
     if create_gloo_process_groups and dist.get_backend() != "gloo":
-        _new_groups("edp-gloo", expert.get_ranks("dp"), timeout, backend="gloo")
+        new_groups("edp-gloo", expert.get_ranks("dp"), backend="gloo")
 
     _ORDER = order
     if virtual_pipeline_model_parallel_size is not None:

@@ -114,6 +114,8 @@ def _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ra
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
+        nccl_communicator_config_path=args.nccl_communicator_config_path,
+        high_priority_stream_groups=args.high_priority_stream_groups,
         order="tp-cp-ep-pp-dp" if args.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
         get_embedding_ranks=get_embedding_ranks,
         get_position_embedding_ranks=get_position_embedding_ranks,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron.core.nccl_settings import load_communicator_settings
 from megatron.training.config.fields import Section, flag
 
 
@@ -184,6 +185,13 @@ class DistributedConfig(Section):
     distributed_timeout_minutes: int = 10
     """Timeout of torch.distributed collectives."""
 
+    nccl_communicator_config_path: str | None = None
+    """YAML file of NCCL communicator settings per process group (min_ctas, max_ctas, cga_cluster_size,
+    net_name, is_high_priority_stream), by Megatron-Core's group names (dp, dp_cp, tp, ...)."""
+
+    high_priority_stream_groups: list[str] = flag(default_factory=list, nargs="+")
+    """Process groups (Megatron-Core's names) whose NCCL communicators run on high-priority streams."""
+
     # torch.distributed.launch passes --local_rank; torchrun sets LOCAL_RANK.
     local_rank: int = flag(default_factory=_launcher_local_rank, names=("--local-rank", "--local_rank"))
     """Local rank from the launcher (default: LOCAL_RANK)."""
@@ -280,6 +288,10 @@ class DistributedConfig(Section):
             if not self.overlap_grad_reduce:
                 problems.append("--overlap-param-gather needs --overlap-grad-reduce")
         problems += self._fsdp_problems()
+        try:
+            load_communicator_settings(self.nccl_communicator_config_path, self.high_priority_stream_groups)
+        except ValueError as error:
+            problems.append(str(error))
         if self.effective_expert_tensor_parallel_size < 1:
             problems.append(f"--expert-tensor-parallel-size {self.effective_expert_tensor_parallel_size} must be at "
                             "least 1")
