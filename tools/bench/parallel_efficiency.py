@@ -27,7 +27,9 @@ its tokens), graph (one GPU, TP=2 + SP and TP=2 with `--cuda-graph-impl full_ite
 graph row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
 GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b
 (Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
-layers: TFLOP/s/GPU, since the layer counts differ).
+layers: TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the data-parallel groups' NCCL
+kernels capped at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority streams,
+`--high-priority-stream-groups dp dp_cp`).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
 of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
@@ -247,6 +249,17 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
         one = bench.run("EP ref: MoE 8 layers, EP=1, one GPU", 1, moe + ["--global-batch-size", "2"], count=10)
         bench.ratio(bench.run("MoE 8 layers, EP=2 x DP=2", 2, moe + ["--expert-model-parallel-size", "2",
                                                                       "--global-batch-size", "4"], count=10), one)
+    if "nccl" in extras:  # the DP=2 row with NCCL communicator settings for the data-parallel groups
+        one = one or bench.run("one GPU, global batch 4", 1, GPT_1_3B + ["--global-batch-size", "4"], count=20)
+        capped = os.path.join(bench.trace_dir, "nccl_max_ctas_8.yaml")
+        os.makedirs(bench.trace_dir, exist_ok=True)
+        with open(capped, "w") as config:
+            config.write("dp:\n  max_ctas: 8\ndp_cp:\n  max_ctas: 8\n")
+        dp = GPT_1_3B + DP2 + ["--global-batch-size", "8"]
+        bench.ratio(bench.run("DP=2, dp/dp_cp max_ctas 8", 2, dp + ["--nccl-communicator-config-path", capped],
+                              count=20), one)
+        bench.ratio(bench.run("DP=2, high-priority dp/dp_cp streams", 2,
+                              dp + ["--high-priority-stream-groups", "dp", "dp_cp"], count=20), one)
     if "8b" in extras:
         recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
                      "--global-batch-size", "1"]
@@ -270,7 +283,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="tp,dp,pp", help="comma-separated subset of tp,dp,pp (the main rows)")
-    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,ep,8b")
+    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,ep,8b,nccl")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
     parser.add_argument("--trace-dir", default=os.path.join(tempfile.gettempdir(), "parallel_efficiency_traces"),
