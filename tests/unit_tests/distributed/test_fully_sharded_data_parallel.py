@@ -17,6 +17,8 @@ from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallelConfig,
     FullyShardedDataParallel,
+    TorchFullyShardedDataParallel,
+    TorchFullyShardedDataParallelConfig,
     finalize_model_grads,
 )
 from megatron.core.models.gpt import GPTModel
@@ -101,7 +103,7 @@ def _strategies(rank, world_size):
         model = _gpt(per_token_loss=strategy.endswith("per token"), experts=experts)
         wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
         optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
-                                           use_distributed_optimizer=strategy in ("optim", "optim_grads"))
+                                           use_distributed_optimizer=strategy != "no_shard")
         results[strategy] = (*_train(wrapped, optimizer_config, rank, world_size), *references[experts])
     return results
 
@@ -109,10 +111,8 @@ def _strategies(rank, world_size):
 def test_each_sharding_strategy_trains_like_one_process():
     for results in run_distributed(_strategies, 2):
         for strategy, (history, weights, optimizer, reference_history, reference_weights) in results.items():
-            sharded = strategy.startswith("optim_grads_params")
-            distributed = strategy in ("optim", "optim_grads")
-            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FullyShardedOptimizer"
-                                 if sharded else "DistributedOptimizer" if distributed else "FP32Optimizer")
+            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FP32Optimizer"
+                                 if strategy == "no_shard" else "DistributedOptimizer")
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
                 assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
                 assert norm == pytest.approx(expected_norm, rel=1e-5), f"{strategy}: grad norm at step {step}"
@@ -123,7 +123,7 @@ def test_each_sharding_strategy_trains_like_one_process():
 
 
 def _rope_loss_and_grads(recompute: bool):
-    """One bf16 step of a RoPE model under FSDP2 (one rank): its loss, full gradients and the dtypes of the
+    """One bf16 step of a RoPE model under FSDP2 (--use-torch-fsdp2, one rank): its loss, full gradients and the dtypes of the
     rotary angles as each layer's forward received them (recomputed forwards included)."""
     torch.manual_seed(3)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
@@ -133,9 +133,7 @@ def _rope_loss_and_grads(recompute: bool):
                                recompute_method="uniform" if recompute else None,
                                recompute_num_layers=1 if recompute else None)
     model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, position_embedding_type="rope")
-    ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
-                                               data_parallel_sharding_strategy="optim_grads_params")
-    wrapped = FullyShardedDataParallel(config, ddp_config, model)
+    wrapped = TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), model)
     angle_dtypes = []
     for layer in model.decoder.layers:  # after FSDP's own pre-forward hook
         layer.register_forward_pre_hook(
