@@ -21,11 +21,12 @@ position embeddings, output layer, final norm: a small share) get a bucket each 
 model: gathered by its forward pre-hook, kept until their gradients are reduce-scattered (the output layer's early
 in backward, the embedding's at its end). A unit's buckets are gathered
 
-    forward     in its forward pre-hook (waiting), the next unit's gather is launched there (prefetch)
-    backward    in a hook on the gradient of its outputs, before any of its backward runs; the previous unit's
-                gather is launched there
-    recompute   in the pre-hook of the forward that full recompute runs inside backward (found by the autograd
-                engine's graph task), which neither releases nor registers a backward hook
+    forward     in its forward pre-hook (waiting); the next unit's gather is launched there (prefetch)
+    backward    in the one hook on the gradient of its outputs that also gives its buckets their gradient storage
+                (sharded_grads.py), before any of its backward runs; the previous unit's gather is launched there
+    recompute   full recompute (non-reentrant checkpointing) runs the forward with gradients on, so the hooks
+                above are registered as in any forward; the forward it recomputes inside backward (found by the
+                autograd engine's graph task) finds its params gathered and neither releases nor registers
 
 and released after the forward of the bucket's last layer (not that of the last layer with gradients on: its
 backward comes next), after the forward of the whole model without gradients (evaluation, and the first forward
@@ -185,14 +186,22 @@ class ShardedParamDataParallel(ShardedGradDataParallel):
     def _before_forward(self, unit: torch.nn.Module, *unused) -> None:
         self._gather(unit, self._backward_order if _in_backward() else self._forward_order)
 
-    def _after_forward(self, unit: torch.nn.Module, inputs, output) -> None:
-        if _in_backward():
-            return  # a recomputed forward: its backward follows at once
+    def _materialize_before_backward(self, unit: torch.nn.Module, inputs, output) -> None:
+        """Forward hook of a unit (sharded_grads.py registers it): one hook on the gradient of its outputs gives
+        the buckets their gradient storage and gathers their params before the unit's backward; then the
+        buckets whose last unit this is are released (module docstring)."""
+        if _in_backward() or not self._hook_units_handles:
+            super()._materialize_before_backward(unit, inputs, output)
+            return  # a recomputed forward (its backward follows at once), or the hooks are disabled
         outputs = [tensor for tensor in (output if isinstance(output, (tuple, list)) else (output,))
                    if torch.is_tensor(tensor) and tensor.requires_grad]
         if torch.is_grad_enabled() and outputs:
-            torch.autograd.graph.register_multi_grad_hook(
-                outputs, lambda unused_grads: self._gather(unit, self._backward_order), mode="any")
+            def before_backward(unused_grads):
+                for bucket in self._module_buckets[unit]:
+                    bucket.materialize()
+                self._gather(unit, self._backward_order)
+
+            torch.autograd.graph.register_multi_grad_hook(outputs, before_backward, mode="any")
             if unit is self._last_layer or unit is self.module:
                 return  # their backward comes next
             releases = self._releases[unit]
@@ -202,19 +211,19 @@ class ShardedParamDataParallel(ShardedGradDataParallel):
             bucket.release_params()
 
     def enable_forward_pre_hook(self) -> None:
-        """Registers the units' hooks that gather and release the params (module docstring)."""
+        """Registers the units' pre-hooks that gather the params (their forward hooks, which release them, act
+        only while these are registered)."""
         if not hasattr(self, "_forward_order"):
             return  # DistributedDataParallel's constructor asks before the units are known; this one's registers
         if self._hook_units_handles:
             raise RuntimeError("the forward pre-hooks are enabled already")
-        for unit in self._forward_order:
-            self._hook_units_handles += [unit.register_forward_pre_hook(self._before_forward),
-                                         unit.register_forward_hook(self._after_forward)]
+        self._hook_units_handles = [unit.register_forward_pre_hook(self._before_forward)
+                                    for unit in self._forward_order]
         self._forward_pre_hook_handles = self._hook_units_handles
 
     def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
-        """Removes the units' hooks; with `param_sync` first makes every param whole (a forward without the
-        hooks needs them so)."""
+        """Removes the units' pre-hooks (and so stops the releases); with `param_sync` first makes every param
+        whole (a forward without the hooks needs them so)."""
         for handle in self._hook_units_handles:
             handle.remove()
         self._hook_units_handles = self._forward_pre_hook_handles = []
