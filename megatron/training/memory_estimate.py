@@ -39,8 +39,8 @@ Bytes per parameter: weight 2 (fp16/bf16) or 4; gradient buffer 4 when gradients
 2; optimizer: fp32 main copy 4 (mixed precision only) + Adam moments 8 (4 + 4; 2 each in bf16 with
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), SGD or Muon momentum 4, divided by
 DP with the distributed optimizer (the routed experts' by expert-DP = world / (EP x expert-TP x PP)).
-Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16 moments it is 2 + 4 + 8. With FSDP
-sharding the params (--use-torch-fsdp2, --use-megatron-fsdp optim_grads_params) the fp32 shards are the main
+Megatron's classic "18 bytes per parameter" is 2 + 4 + 12; with bf16 moments it is 2 + 4 + 8. With FSDP2
+sharding the params (--use-torch-fsdp2) the fp32 shards are the main
 params: 4 (weight) + 4 (gradient) + the moments, all divided by DP x CP, and with
 --torch-fsdp2-no-reshard-after-forward the weights gathered in the compute dtype (2 or 4) from forward to
 backward on top; the gathered params of the one or two layers computing under ZeRO-3 are not counted.
@@ -48,6 +48,11 @@ With --fp8-param-gather the weights of the parallel linears in the layers that r
 fc1, fc2: the layers' TP-split parameters, their column-parallel biases counted with them) take 1 byte.
 --use-megatron-fsdp optim_grads (ZeRO-2) is the distributed optimizer with an fp32 gradient shard (4 / DP x CP)
 instead of the gradient buffer; its few buckets of gradients in flight during backward are not counted.
+--use-megatron-fsdp optim_grads_params (ZeRO-3 on the same buffers) shards the weight too: 2 (bf16 shard) + 4 (fp32
+gradient shard) + 12 bytes per parameter, all divided by DP x CP, plus the params it holds gathered at once (in the
+weight dtype): those outside the transformer layers (kept from forward to backward) and two buckets of layers
+(the one computing, the one prefetched; a bucket is ceil(bucket size / layer parameters) whole layers); on one
+data-parallel rank the shard is the whole buffer and nothing more is gathered.
 
 Activations of one microbatch, per layer, counted from what this implementation keeps for backward
 (s sequence, b micro batch, B bytes of the activation dtype; masks are 1 byte; fused SDPA attention keeps
@@ -81,7 +86,14 @@ counted with a softmax-attention layer's activations (theirs are not modelled ye
 
 from dataclasses import dataclass
 
-from megatron.core.distributed.fsdp.mcore_fsdp_adapter import reshards_after_forward, shards_params
+import math
+
+from megatron.core.distributed.distributed_data_parallel import default_bucket_size
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import (
+    reshards_after_forward,
+    shards_params,
+    shards_params_on_buffers,
+)
 from megatron.core.enums import ModelType
 from megatron.core.transformer.config_rules import linear_attention_pattern
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
@@ -386,6 +398,23 @@ def _fp8_weight_elements(args) -> int:
                if start <= index < end)
 
 
+def _gathered_under_zero3(args, ddp_config, parameters: int) -> int:
+    """Parameters of the first stage that ZeRO-3 on DDP's buffers holds gathered at once (module docstring); none
+    on one data-parallel rank, whose shard is the whole bucket."""
+    if args.data_parallel_size * args.context_parallel_size == 1:
+        return 0
+    stage = _layers(args)[: args.num_layers // args.pipeline_model_parallel_size]
+    if not stage:
+        return parameters
+    experts_split = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or
+                                                       args.tensor_model_parallel_size)
+    per_layer = [split // args.tensor_model_parallel_size + replicated + experts // experts_split
+                 for split, replicated, experts in stage]
+    bucket = default_bucket_size(ddp_config, args.data_parallel_size) or sum(per_layer)
+    layers_per_bucket = min(len(stage), math.ceil(bucket / max(per_layer)))
+    return parameters - sum(per_layer) + min(2 * layers_per_bucket, len(stage)) * max(per_layer)
+
+
 def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     """Memory per GPU of the first pipeline stage (see the module docstring for the model)."""
     parameters = parameters_per_rank(args)["first stage"]
@@ -409,8 +438,12 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
         optimizer = ((parameters - experts) * per_parameter // args.data_parallel_size
                      + experts * per_parameter // max(expert_data_parallel, 1))
     ddp_config = ddp_config_from_args(args)
-    if ddp_config.use_megatron_fsdp and ddp_config.data_parallel_sharding_strategy == "optim_grads":
+    if ddp_config.use_megatron_fsdp and ddp_config.data_parallel_sharding_strategy.startswith("optim_grads"):
         gradients = parameters * 4 // (args.data_parallel_size * args.context_parallel_size)
+    if shards_params_on_buffers(ddp_config):
+        weight_bytes = 2 if mixed else 4
+        weights = (parameters * weight_bytes // (args.data_parallel_size * args.context_parallel_size)
+                   + _gathered_under_zero3(args, ddp_config, parameters) * weight_bytes)
     if shards_params(ddp_config):
         shards = args.data_parallel_size * args.context_parallel_size
         gathered = 0 if reshards_after_forward(ddp_config) else weights

@@ -106,7 +106,7 @@ def test_distrib_optim_file_has_megatron_layout(runs):
 
 
 def test_megatron_fsdp_trains_like_one_process(runs, tmp_path):
-    """--use-megatron-fsdp (its default strategy optim_grads_params: FSDP2, ZeRO-3) with Megatron's overlap flags,
+    """--use-megatron-fsdp (its default strategy optim_grads_params: ZeRO-3 on DDP's buffers) with Megatron's overlap flags,
     through pretrain_gpt.py: the losses and gradient norms of one process, to rounding."""
     _torchrun(COMMON + ["--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
                         "--tensorboard-dir", str(tmp_path / "fsdp_tb")])

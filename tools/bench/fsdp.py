@@ -10,7 +10,8 @@ section at the end.
    in four layouts over DP=2: the distributed optimizer with both overlaps (the reference), --use-torch-fsdp2
    (ZeRO-3), --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads (ZeRO-2 on the distributed
    optimizer's buffers: each backward reduce-scatters bucket by bucket into fp32 gradient shards) and
-   optim_grads_params (the same as --use-torch-fsdp2, by the Megatron-FSDP flag). Per layout: median tokens/s/GPU of the console lines after the first two, peak
+   optim_grads_params (ZeRO-3 on the same buffers: each rank keeps its bf16 shard of the params, each layer's
+   bucket all-gathered before its forward and again before its backward, the next one prefetched). Per layout: median tokens/s/GPU of the console lines after the first two, peak
    memory (max allocated after the first iteration, DP rank 0, which holds the larger shards), the speed as a
    fraction of the reference's (target >= 0.90), and the largest relative difference of its per-iteration
    lm loss from the reference's (both start from the same weights; bf16 rounding only).

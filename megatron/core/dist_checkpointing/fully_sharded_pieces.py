@@ -1,5 +1,5 @@
-"""The pieces of an FSDP-sharded param (a DTensor holding this rank's rows of the TP-local param) in a
-torch_dist checkpoint: those of the whole TP-local param, cut to this rank's rows, so the checkpoint is the one
+"""The pieces of an FSDP-sharded param in a torch_dist checkpoint. FSDP2's (a DTensor holding this rank's rows
+of the TP-local param): those of the whole TP-local param, cut to this rank's rows, so the checkpoint is the one
 DDP writes (the same keys, global shapes and values) and reshards to and from any TP / DP layout.
 
 A piece covering rows [p, p + m) of the TP-local param (dim 0; dim 1 of a stacked layer key) at global offset o
@@ -9,6 +9,11 @@ the local shard at row max(p, a) - a. Pieces of row-parallel params (split along
 The data-parallel ranks hold different rows, so no piece is replicated over them: each has the plain replica id
 0 (written here) or 1 (another TP rank or pipeline stage holds the same rows), which keeps fully parallel
 saving (fully_parallel.py) from handing a write to another data-parallel rank.
+
+Megatron-FSDP's ZeRO-3 (distributed/fsdp/sharded_params.py) and the distributed optimizer's state hold a flat
+stretch [s, e) of the TP-local param flattened: a piece whose elements [p, p + m) of the flattened param overlap it
+becomes the flattened range [max(p, s) - p, min(p + m, e) - p) of that piece (`flat_stretch_pieces`), with the
+data-parallel part of its replica id 0 for the same reason.
 """
 
 import math
@@ -17,7 +22,7 @@ from typing import List
 
 import torch
 
-from megatron.core.dist_checkpointing.mapping import TensorPiece, is_main_replica
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, TensorPiece, is_main_replica
 from megatron.core.dtensor_shards import local_rows, local_tensor
 
 
@@ -57,4 +62,22 @@ def local_row_pieces(pieces: List[TensorPiece], tensor: torch.Tensor) -> List[Te
         restricted.append((replace(piece, data=data.unsqueeze(0) if row_dim else data, global_offset=tuple(offset),
                                    local_shape=tuple(shape), replica_id=0 if is_main_replica(replica_id) else 1),
                            (low - first) * row_numel))
+    return restricted
+
+
+def flat_stretch_pieces(pieces: List[TensorPiece], stretch: torch.Tensor, stretch_start: int,
+                        key_prefix: str = "") -> List[TensorPiece]:
+    """`pieces` of the whole TP-local param (their data is only read for its size) restricted to the flat stretch
+    `stretch` (1-D) that starts at element `stretch_start` of the param flattened, with data viewing `stretch` and
+    their keys prefixed by `key_prefix`; each with the flat start of its data within the param."""
+    stretch_end = stretch_start + stretch.numel()
+    restricted = []
+    for piece, start in pieces:
+        low, high = max(stretch_start, start), min(stretch_end, start + piece.data.numel())
+        if low >= high:
+            continue
+        replica_id = (*piece.replica_id[:-1], 0) if isinstance(piece.replica_id, tuple) else piece.replica_id
+        restricted.append((ShardedTensor(f"{key_prefix}{piece.key}", stretch[low - stretch_start : high - stretch_start],
+                                         piece.global_shape, piece.global_offset, replica_id, piece.local_shape,
+                                         slice(low - start, high - start), piece.allow_shape_mismatch), low))
     return restricted

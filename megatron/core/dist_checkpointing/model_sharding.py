@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.core.dist_checkpointing.fully_sharded_pieces import local_row_pieces, shape_carrier
+from megatron.core.dist_checkpointing.fully_sharded_pieces import flat_stretch_pieces, local_row_pieces, shape_carrier
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, TensorPiece
 from megatron.core.dtensor_shards import is_fully_sharded
 
@@ -255,7 +255,8 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
                                                                                List[TensorPiece]]]:
     """(state-dict name, live tensor, its pieces) for every tensor of `model.state_dict()` (not the
     `_extra_state` entries: `model_extra_state_objects`); an FSDP shard's pieces are this rank's rows of the
-    whole param's (fully_sharded_pieces.py).
+    whole param's (fully_sharded_pieces.py). A param of Megatron-FSDP's ZeRO-3 (tagged `data_parallel_stretch`,
+    its storage mostly released) gets the whole param's pieces without data (meta tensors).
 
     Collective over the tensor-parallel group (the partition sizes are gathered).
     """
@@ -278,6 +279,8 @@ def model_tensor_pieces(model: torch.nn.Module, prefix: str = "") -> Iterator[Tu
         if is_fully_sharded(tensor):
             yield name, tensor, local_row_pieces(_tensor_pieces(name, shape_carrier(tensor), keys, sizes, position),
                                                  tensor)
+        elif hasattr(tensor, "data_parallel_stretch"):
+            yield name, tensor, _tensor_pieces(name, shape_carrier(tensor), keys, sizes, position)
         else:
             yield name, tensor, _tensor_pieces(name, tensor, keys, sizes, position)
 
@@ -432,7 +435,8 @@ def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loadin
     FSDP shards (fully_sharded_pieces.py) are saved in their `saved_dtype` (the dtype a DDP run of the same
     precision keeps its params in: bf16 copies of the fp32 shards under --bf16) and loaded into the fp32 shards
     (DCP converts); `without_fully_sharded` leaves them out, for a load whose optimizer entry brings the fp32
-    main params into the same shards."""
+    main params into the same shards. A param of Megatron-FSDP's ZeRO-3 is saved from and loaded into this rank's
+    stretch of it, its `data_parallel_stretch` (flattened-range pieces: fully_sharded_pieces.py)."""
     sharded = {}
     tensor_pieces = list(model_tensor_pieces(model, prefix))
     values = model.state_dict() if any(_stored_in_fp8(tensor) for _, tensor, _ in tensor_pieces) else {}
@@ -443,6 +447,8 @@ def model_sharded_state_dict(model: torch.nn.Module, prefix: str = "", is_loadin
             value = values[name].reshape(-1)
             pieces = [(piece.with_data(value[start : start + piece.data.numel()].view(piece.local_shape)), start)
                       for piece, start in pieces]
+        if hasattr(tensor, "data_parallel_stretch"):
+            pieces = flat_stretch_pieces(pieces, *tensor.data_parallel_stretch)
         if is_fully_sharded(tensor):
             if without_fully_sharded:
                 continue

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from megatron.core.dist_checkpointing.fully_sharded_pieces import flat_stretch_pieces
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.model_sharding import TensorPiece, model_tensor_pieces
 from megatron.core.dist_checkpointing.optimizer_buckets import DP_RESHARDABLE, bucket_sharded_state_dict
@@ -145,21 +146,13 @@ def _flat_stretch_pieces(sub: DistributedOptimizer, param, pieces: List[TensorPi
     tensors = {key: main.new_zeros(main.shape) if value is None else value for key, value in tensors.items()}
     if main_key is not None:
         tensors = {main_key: main, **tensors}
-    sharded = {name: [] for name in tensors}
-    for piece, start in pieces:
-        low, high = max(stretch.param_start, start), min(stretch.param_end, start + piece.data.numel())
-        if low >= high:
-            continue
-        # Each DP rank owns its stretch: no replicas over DP.
-        replica_id = (*piece.replica_id[:-1], 0) if isinstance(piece.replica_id, tuple) else piece.replica_id
-        for name, tensor in tensors.items():
-            data = tensor.detach()[low - stretch.param_start : high - stretch.param_start]
-            if not is_loading and data.dtype != torch.float32:
-                data = data.to("cpu", torch.float32)
-            sharded[name].append(ShardedTensor(
-                f"{STATE_PREFIX}{name}.{piece.key}", data, piece.global_shape, piece.global_offset, replica_id,
-                piece.local_shape, slice(low - start, high - start), piece.allow_shape_mismatch,
-            ))
+    sharded = {}
+    for name, tensor in tensors.items():
+        sharded[name] = []
+        for piece, _ in flat_stretch_pieces(pieces, tensor.detach(), stretch.param_start, f"{STATE_PREFIX}{name}."):
+            if not is_loading and piece.data.dtype != torch.float32:
+                piece = piece.with_data(piece.data.to("cpu", torch.float32), piece.flattened_range)
+            sharded[name].append(piece)
     return sharded
 
 

@@ -55,6 +55,7 @@ class _ParamAndGradBuffer:
         self.data_parallel_world_size = dist.get_world_size(data_parallel_group)
         self.param_to_name = param_to_name
         self.gradient_scaling_factor = gradient_scaling_factor
+        self.param_data = None
         devices = {param.device for param in params}
         if len(devices) != 1:
             found = sorted(map(str, devices))
@@ -66,29 +67,28 @@ class _ParamAndGradBuffer:
             bucket_size,
             self.data_parallel_world_size,
             ddp_config.use_distributed_optimizer,
-            [getattr(param, "shared_embedding", False) for param in params],
+            [self._needs_own_bucket(param, param_layers) for param in params],
             None if param_layers is None else [param_layers.get(param) for param in params],
         )
         self.numel = layout.numel
         self.numel_unpadded = layout.numel_unpadded
         self.param_index_map = {param: layout.param_ranges[index] for index, param in enumerate(params)}
         bucket_grads = self._allocate_grads(layout, device)
-        self.param_data = None
-        if ddp_config.use_distributed_optimizer:
-            self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)
+        bucket_params = self._allocate_params(layout, device) if ddp_config.use_distributed_optimizer else None
         for param in params:
             start, end, bucket_id = self.param_index_map[param]
-            if self.param_data is not None:
-                initial = param.data
-                param.data = self.param_data[start:end].view(param.dtype).view(param.shape)
-                param.data.copy_(initial)
             bucket_start = layout.buckets[bucket_id].start
+            if bucket_params is not None:
+                initial = param.data
+                param.data = bucket_params[bucket_id][start - bucket_start : end - bucket_start].view(param.dtype).view(
+                    param.shape)
+                param.data.copy_(initial)
             param.main_grad = bucket_grads[bucket_id][start - bucket_start : end - bucket_start].view(param.shape)
 
         self.buckets = [
             self.bucket_class(
                 [params[index] for index in bucket.param_indices],
-                None if self.param_data is None else self.param_data[bucket.start : bucket.end],
+                None if bucket_params is None else bucket_params[bucket.bucket_id],
                 bucket_grads[bucket.bucket_id],
                 bucket.start,
                 bucket.numel_unpadded,
@@ -118,6 +118,15 @@ class _ParamAndGradBuffer:
         """Each bucket's gradient storage: here views into one zeroed flat buffer, `self.grad_data`."""
         self.grad_data = torch.zeros(self.numel, dtype=self.grad_dtype, device=device)
         return [self.grad_data[bucket.start : bucket.end] for bucket in layout.buckets]
+
+    def _allocate_params(self, layout, device: torch.device) -> List[torch.Tensor]:
+        """Each bucket's param storage (distributed optimizer): views into one flat buffer, `self.param_data`."""
+        self.param_data = torch.zeros(self.numel, dtype=self.param_dtype, device=device)
+        return [self.param_data[bucket.start : bucket.end] for bucket in layout.buckets]
+
+    def _needs_own_bucket(self, param: torch.nn.Parameter, param_layers: Optional[dict]) -> bool:
+        """Whether `param` gets a bucket of its own (buffer_layout.py): the shared embedding."""
+        return getattr(param, "shared_embedding", False)
 
     def owned_pieces(self) -> Dict[torch.nn.Parameter, Tuple[_ParamAndGradBucket, Tuple[int, int], Tuple[int, int]]]:
         """With the distributed optimizer, the pieces of its params that this data-parallel rank owns:

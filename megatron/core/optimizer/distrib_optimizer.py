@@ -9,7 +9,7 @@ so a param may be split over several ranks:
 
 For each param overlapping its shards a rank holds only the overlapping piece:
 
-    model shard   param.view(-1)[a:b]                 a view into DDP's param buffer
+    model shard   param.view(-1)[a:b]                 a view into DDP's param buffer (its bucket's `param_shard`)
     main shard    an fp32 copy of it (bf16/fp16 params), or the model shard itself (fp32 params); for a
                   weight stored in FP8 an fp32 copy of its value (its initial weight, or dequantized)
     Adam state    exp_avg, exp_avg_sq of the main shard, fp32 or (--use-precision-aware-optimizer
@@ -105,9 +105,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         # This rank's piece of each param's reduced gradient, in its bucket's `grad_shard` (a view into DDP's
         # grad buffer, or a buffer of its own where the gradients are sharded too: fsdp/sharded_grads.py).
         self._grad_pieces: Dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._param_shards: Dict[torch.nn.Parameter, torch.Tensor] = {}  # the bucket's `param_shard`
         for buffer in self.buffers:
-            for param, (_, local, in_param) in buffer.owned_pieces().items():
+            for param, (bucket, local, in_param) in buffer.owned_pieces().items():
                 self.shard_ranges[param] = ShardRange(*local, *in_param)
+                self._param_shards[param] = bucket.param_shard
             self._grad_pieces.update(buffer.owned_grad_pieces())
 
         # Index-aligned lists over the params this rank owns a piece of, in param-group order.
@@ -133,8 +135,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     def _add_shard(self, param: torch.nn.Parameter) -> torch.Tensor:
         piece = self.shard_ranges[param]
-        model_shard = param.detach().view(-1)[piece.param_start : piece.param_end]
+        # This rank's piece of the bucket's param shard, the all-gather's input: the param's own memory, except
+        # where the params are sharded too and `param_shard` is the one persistent copy (fsdp/sharded_params.py).
+        model_shard = self._param_shards[param][piece.local_start : piece.local_end]
         if is_fp8_param(param):
+            model_shard = param.detach().view(-1)[piece.param_start : piece.param_end]
             value = high_precision_value(param).reshape(-1)[piece.param_start : piece.param_end]
             main_shard = value.to(torch.float32, copy=True)
         elif param.dtype in (torch.float16, torch.bfloat16):

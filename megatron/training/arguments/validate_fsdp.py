@@ -4,12 +4,13 @@
     no_shard            DDP                               --use-distributed-optimizer turned off
     optim               DDP + the distributed optimizer   --use-distributed-optimizer turned on (as Megatron-LM)
     optim_grads         DDP's buffers with sharded gradients + the distributed optimizer (turned on)
-    optim_grads_params  FSDP2 (as --use-torch-fsdp2)
+    optim_grads_params  DDP's buffers with sharded gradients and params + the distributed optimizer (turned on)
 
 (the optimizer each strategy takes is derived in the distributed section, config/parallel.py). FSDP2 overlaps
-its all-gathers and reduce-scatters with compute by itself: --overlap-grad-reduce and --overlap-param-gather
-are accepted and change nothing there. Unlike Megatron-LM, FSDP2 here combines with pipeline parallelism (also
-interleaved) and with tied embeddings.
+its all-gathers and reduce-scatters with compute by itself, and optim_grads / optim_grads_params always overlap
+(as Megatron-FSDP turns the overlap flags on for them): --overlap-grad-reduce and --overlap-param-gather are
+accepted and change nothing there. Unlike Megatron-LM, both sharding the params here combine with pipeline
+parallelism (also interleaved) and with tied embeddings.
 """
 
 import argparse
@@ -26,8 +27,8 @@ _MEGATRON_FSDP_DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": ("--megatron-fs
 _PARAMS_SHARDED = ("optim_grads_params",)
 
 
-def _fsdp2_flag(args) -> str | None:
-    """The flags that put the params under FSDP2 (None: they are not)."""
+def _params_sharding_flag(args) -> str | None:
+    """The flags that shard the params (FSDP2 or Megatron-FSDP's ZeRO-3; None: they are not)."""
     if args.use_torch_fsdp2 and not args.use_megatron_fsdp:
         return "--use-torch-fsdp2"
     if args.use_megatron_fsdp and not args.use_torch_fsdp2 and args.data_parallel_sharding_strategy in _PARAMS_SHARDED:
@@ -36,13 +37,16 @@ def _fsdp2_flag(args) -> str | None:
 
 
 def check_fsdp(args: argparse.Namespace, problems: list) -> None:
-    """What FSDP2 does not combine with yet; the strategies built on DDP take what DDP takes."""
-    flag = _fsdp2_flag(args)
+    """What sharding the params does not combine with yet; the other strategies take what DDP takes."""
+    flag = _params_sharding_flag(args)
     if flag is None:
         return
     if args.expert_model_parallel_size > 1:
         problems.append(f"{flag} with --expert-model-parallel-size {args.expert_model_parallel_size} is not "
                         "supported yet (as in Megatron-LM)")
+    instances = args.num_distributed_optimizer_instances
+    if args.use_megatron_fsdp and instances > 1:
+        problems.append(f"{flag} with --num-distributed-optimizer-instances {instances} is not supported yet")
     if args.fp16:
         problems.append(f"{flag} with --fp16 is not supported yet (as in Megatron-LM): use --bf16")
     if args.use_precision_aware_optimizer:

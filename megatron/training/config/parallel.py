@@ -233,15 +233,16 @@ class DistributedConfig(Section):
 
     def _megatron_fsdp_values(self) -> dict:
         """--use-megatron-fsdp's strategy decides the optimizer: the distributed one for `optim` (as Megatron-LM
-        turns it on) and `optim_grads` (sharded gradients on DDP's buffers), none with optim_grads_params (FSDP2
-        shards the optimizer itself) nor with no_shard,
-        which gathers no params either (its gradient all-reduce overlaps)."""
+        turns it on), `optim_grads` and `optim_grads_params` (sharded gradients, and params, on DDP's buffers),
+        none with no_shard, which gathers no params either (its gradient all-reduce overlaps)."""
         if not self.use_megatron_fsdp:
             return {}
         strategy = self.data_parallel_sharding_strategy
-        values = {"use_distributed_optimizer": strategy in ("optim", "optim_grads")}
-        if strategy == "optim_grads":
+        values = {"use_distributed_optimizer": strategy != "no_shard"}
+        if strategy in ("optim_grads", "optim_grads_params"):
             values["overlap_grad_reduce"] = True  # its gradients are reduce-scattered in every backward
+        if strategy == "optim_grads_params":
+            values["overlap_param_gather"] = True  # the next layer's params are prefetched, as Megatron-FSDP
         if strategy == "no_shard":
             values["overlap_param_gather"] = False
         return values

@@ -17,6 +17,8 @@ from megatron.core import parallel_state
 from megatron.core.distributed import (
     DistributedDataParallelConfig,
     FullyShardedDataParallel,
+    TorchFullyShardedDataParallel,
+    TorchFullyShardedDataParallelConfig,
     finalize_model_grads,
 )
 from megatron.core.models.gpt import GPTModel
@@ -30,14 +32,17 @@ SEQ, MICRO_BATCH, VOCAB, STEPS = 8, 2, 61, 3
 LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 0.05  # a clip small enough to act at every step
 
 
-def _gpt(per_token_loss: bool = False, experts: int | None = None) -> GPTModel:
+def _gpt(per_token_loss: bool = False, experts: int | None = None, recompute: bool = False) -> GPTModel:
     """Tied: the root unit holds the embedding, gathered once for the input and the output layer. With
-    `experts`, MoE layers (top-1, no auxiliary loss, whose batch statistics a data-parallel split changes)."""
+    `experts`, MoE layers (top-1, no auxiliary loss, whose batch statistics a data-parallel split changes); with
+    `recompute`, full recompute of each layer (the same values)."""
     torch.manual_seed(11)
+    recompute_flags = dict(recompute_granularity="full", recompute_method="uniform",
+                           recompute_num_layers=1) if recompute else {}
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
                                hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
                                calculate_per_token_loss=per_token_loss, num_moe_experts=experts,
-                               moe_router_topk=1)
+                               moe_router_topk=1, **recompute_flags)
     spec = get_gpt_layer_local_spec(num_experts=experts)
     return GPTModel(config, spec, VOCAB, SEQ, share_embeddings_and_output_weights=True)
 
@@ -101,7 +106,7 @@ def _strategies(rank, world_size):
         model = _gpt(per_token_loss=strategy.endswith("per token"), experts=experts)
         wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
         optimizer_config = OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
-                                           use_distributed_optimizer=strategy in ("optim", "optim_grads"))
+                                           use_distributed_optimizer=strategy != "no_shard")
         results[strategy] = (*_train(wrapped, optimizer_config, rank, world_size), *references[experts])
     return results
 
@@ -109,10 +114,8 @@ def _strategies(rank, world_size):
 def test_each_sharding_strategy_trains_like_one_process():
     for results in run_distributed(_strategies, 2):
         for strategy, (history, weights, optimizer, reference_history, reference_weights) in results.items():
-            sharded = strategy.startswith("optim_grads_params")
-            distributed = strategy in ("optim", "optim_grads")
-            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FullyShardedOptimizer"
-                                 if sharded else "DistributedOptimizer" if distributed else "FP32Optimizer")
+            assert optimizer == ("ChainedOptimizer" if strategy.endswith("MoE") else "FP32Optimizer"
+                                 if strategy == "no_shard" else "DistributedOptimizer")
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
                 assert loss == pytest.approx(expected_loss, rel=1e-5), f"{strategy}: loss at step {step}"
                 assert norm == pytest.approx(expected_norm, rel=1e-5), f"{strategy}: grad norm at step {step}"
@@ -123,7 +126,7 @@ def test_each_sharding_strategy_trains_like_one_process():
 
 
 def _rope_loss_and_grads(recompute: bool):
-    """One bf16 step of a RoPE model under FSDP2 (one rank): its loss, full gradients and the dtypes of the
+    """One bf16 step of a RoPE model under FSDP2 (--use-torch-fsdp2, one rank): its loss, full gradients and the dtypes of the
     rotary angles as each layer's forward received them (recomputed forwards included)."""
     torch.manual_seed(3)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
@@ -133,9 +136,7 @@ def _rope_loss_and_grads(recompute: bool):
                                recompute_method="uniform" if recompute else None,
                                recompute_num_layers=1 if recompute else None)
     model = GPTModel(config, get_gpt_layer_local_spec(), VOCAB, SEQ, position_embedding_type="rope")
-    ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True,
-                                               data_parallel_sharding_strategy="optim_grads_params")
-    wrapped = FullyShardedDataParallel(config, ddp_config, model)
+    wrapped = TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), model)
     angle_dtypes = []
     for layer in model.decoder.layers:  # after FSDP's own pre-forward hook
         layer.register_forward_pre_hook(
@@ -213,20 +214,22 @@ def _zero2_against_distributed_optimizer(rank, world_size):
                       "grad shards": [bucket.grad_shard.numel() for buffer in sharded_buffers
                                       for bucket in buffer.buckets],
                       "param buffer": [buffer.param_data.numel() for buffer in sharded_buffers]}
+        zero3_norms, zero3_weights, _, zero3_transient = _microbatched_steps("optim_grads_params", fusion, rank,
+                                                                             world_size)
         results[fusion] = (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, layer_buckets,
-                           persistent, transient)
+                           persistent, transient, (zero3_norms, zero3_weights, zero3_transient))
     return results
 
 
 def test_optim_grads_shards_gradients_and_accumulates_microbatches_like_the_distributed_optimizer():
-    """ZeRO-2 (optim_grads) reduce-scatters every microbatch's gradients into fp32 shards; the distributed
+    """ZeRO-2 (optim_grads), and ZeRO-3 (optim_grads_params) with it, reduce-scatters every microbatch's gradients into fp32 shards; the distributed
     optimizer (optim) sums them whole and reduce-scatters once, its buckets cut by size alone where optim_grads'
     hold whole layers. Same steps: grad norms and fp32 weights agree to rounding; in bf16 with gradient-accumulation fusion (the GEMMs write the transient
     main_grad) the weights to within a bf16 step. No gradient storage outlives a backward; each rank keeps 1/dp of
     every bucket's gradient and the whole param buffer."""
     for results in run_distributed(_zero2_against_distributed_optimizer, 2):
         for fusion, (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, layer_buckets,
-                     persistent, transient) in results.items():
+                     persistent, transient, (zero3_norms, zero3_weights, zero3_transient)) in results.items():
             tolerance = 1e-4 if fusion else 1e-6  # measured: 3.1e-5 (bf16 weights), 4.8e-7 (fp32)
             assert len(layout[0][1]) > len(sharded_layout[0][1]) > 2, "several buckets, layers cut by optim only"
             assert sorted(layer_buckets) == ["0", "1"] and all(len(ids) == 1 for ids in layer_buckets.values())
@@ -235,6 +238,82 @@ def test_optim_grads_shards_gradients_and_accumulates_microbatches_like_the_dist
             assert persistent["param buffer"] == [sharded_layout[0][0]]
             assert transient == [0] * 4
             assert sharded_norms == pytest.approx(norms, rel=1e-5)
+            assert zero3_norms == pytest.approx(norms, rel=1e-5) and zero3_transient == [0] * 4
             for name, value in weights.items():
-                torch.testing.assert_close(sharded_weights[name], value, rtol=tolerance, atol=tolerance,
-                                           msg=lambda message: f"bf16 {fusion} {name}: {message}")
+                for sharded in (sharded_weights, zero3_weights):
+                    torch.testing.assert_close(sharded[name], value, rtol=tolerance, atol=tolerance,
+                                               msg=lambda message: f"bf16 {fusion} {name}: {message}")
+
+
+def _zero3_steps(recompute: bool, rank: int, world_size: int):
+    """ZeRO-3 (fp32, buckets of ~1 layer) on this rank's half of each global batch in two microbatches: (loss,
+    grad norm) per step, the final weights, and the bytes of each layer's bucket storage seen at each layer's
+    forward pre-hook, in forward and in the recomputed forward (backward): (layer, in backward, [layer 0, layer 1])."""
+    model = _gpt(recompute=recompute)
+    ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params",
+                                               bucket_size=4000)
+    wrapped = FullyShardedDataParallel(model.config, ddp_config, model)
+    layers = list(model.decoder.layers)
+    layer_buckets = [wrapped.param_to_bucket[next(layer.parameters())] for layer in layers]
+    storage = []
+
+    def record(module, unused):
+        storage.append((layers.index(module), torch._C._current_graph_task_id() != -1,
+                        [bucket.param_data.untyped_storage().nbytes() for bucket in layer_buckets]))
+
+    for layer in layers:  # after the wrapper's own pre-hook
+        layer.register_forward_pre_hook(record)
+    optimizer = get_megatron_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
+                                                       use_distributed_optimizer=True), [wrapped])
+    for param_group in optimizer.param_groups:
+        param_group["weight_decay"] = WEIGHT_DECAY * param_group["wd_mult"]
+    history, between = [], []
+    for batch in _global_batches(world_size):
+        wrapped.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = []
+        for microbatch in batch.chunk(world_size)[rank].chunk(2):
+            loss = _loss(wrapped, microbatch) / 2
+            between.append(("after forward", [bucket.param_data.untyped_storage().nbytes() for bucket in layer_buckets]))
+            loss.backward()
+            between.append(("after backward", [bucket.params_gathered for buffer in wrapped.buffers
+                                               for bucket in buffer.buckets]))
+            losses.append(loss.detach())
+        finalize_model_grads([wrapped])
+        _, grad_norm, _ = optimizer.step()
+        mean_loss = sum(losses)
+        dist.all_reduce(mean_loss, group=parallel_state.get_data_parallel_group())
+        history.append((mean_loss.item() / world_size, grad_norm))
+    wrapped.start_param_sync(force_sync=True)
+    weights = {name: value.detach().clone() for name, value in model.state_dict().items() if torch.is_tensor(value)}
+    return history, weights, storage[:6 if recompute else 2], between[:2]
+
+
+def _zero3(rank, world_size):
+    parallel_state.initialize_model_parallel()
+    return {recompute: _zero3_steps(recompute, rank, world_size) for recompute in (False, True)}, _reference(world_size)
+
+
+def test_zero3_with_microbatches_and_full_recompute_trains_like_one_process():
+    """optim_grads_params at DP=2, two microbatches per step (params gathered again for each), also under full
+    recompute (the recomputed forward finds its params gathered, the next layer's prefetched): losses, grad norms
+    and final weights of one process on the whole batch, fp32, to rel 1e-5 (rounding of the reduced sums). A
+    layer's param storage exists only around its forward and backward: at layer 1's forward layer 0's is released;
+    the last layer's stays from its forward to its backward; at layer 0's recomputed forward layer 1's is released
+    (its reduce-scatter launched); nothing is gathered after a backward."""
+    for results, (reference_history, reference_weights) in run_distributed(_zero3, 2):
+        for recompute, (history, weights, storage, between) in results.items():
+            for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
+                assert loss == pytest.approx(expected_loss, rel=1e-5), f"recompute {recompute}: loss at step {step}"
+                assert norm == pytest.approx(expected_norm, rel=1e-5), f"recompute {recompute}: norm at step {step}"
+            for name, value in weights.items():
+                torch.testing.assert_close(value, reference_weights[name], rtol=1e-5, atol=1e-5)
+            full = max(storage[0][2])
+            assert full > 0
+            assert storage[1] == (1, False, [0, full])
+            if recompute:  # layer 0, 1 forward; layer 1, 0 recomputed in backward, for each of two microbatches
+                assert [(layer, backward) for layer, backward, _ in storage[:4]] == [(0, False), (1, False),
+                                                                                     (1, True), (0, True)]
+                assert storage[3][2] == [full, 0]
+            assert between[0] == ("after forward", [0, full])
+            assert between[1][0] == "after backward" and not any(between[1][1])

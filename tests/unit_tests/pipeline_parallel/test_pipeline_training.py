@@ -4,10 +4,12 @@ Layouts: PP=2 (1F1B, tied embeddings), interleaved PP=2 with 2 virtual stages (G
 explicit layer layout whose first chunk holds no transformer layer, PP=4 (tied),
 uneven PP=2 x DP=2 (1 layer on the first stage, 3 on the last; a Llama-like model with untied
 embeddings), and on 8 ranks TP=2 (+SP) x PP=2 x DP=2 and TP=2 x PP=2 x CP=2 (the Llama-like model, ring
-attention); FSDP2 (TorchFullyShardedDataParallel, optim_grads_params) in place of DDP at FSDP=2 x PP=2 and
+attention); FSDP2 (TorchFullyShardedDataParallel, --use-torch-fsdp2) in place of DDP at FSDP=2 x PP=2 and
 FSDP=2 x TP=2 (+SP), and likewise Megatron-FSDP's optim_grads (ShardedGradDataParallel: gradients
 reduce-scattered into shards in every backward, the distributed optimizer; buckets of ~half a layer), whose
-TP sums of norm gradients and PP sum of the tied embedding's run on the gradient shards. Every layout trains
+TP sums of norm gradients and PP sum of the tied embedding's run on the gradient shards, and its
+optim_grads_params (ShardedParamDataParallel: the params sharded too, each bucket gathered around its layers'
+forward and backward, several microbatches in flight under 1F1B). Every layout trains
 the same 4-layer model on the same global batch of 8 sequences with
 Megatron-Core's path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`,
 finalize_model_grads, get_megatron_optimizer with Adam and clipping, the GPT task's CP batch split and
@@ -82,10 +84,13 @@ LAYOUTS = {
     "TP=2 x PP=2 x CP=2": ("llama", 8, dict(tp=2, pp=2, cp=2)),
     # FSDP2 in place of DDP (fp32 shards over the DP ranks): across pipeline stages (tied embedding), and
     # across TP ranks (an untied output layer as a unit of its own). Then sharded gradients on DDP's buffers.
-    "FSDP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads_params")),
-    "FSDP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, sharding="optim_grads_params")),
+    "FSDP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="torch_fsdp2")),
+    "FSDP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, sharding="torch_fsdp2")),
     "optim_grads DP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads")),
     "optim_grads DP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True, sharding="optim_grads")),
+    "optim_grads_params DP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads_params")),
+    "optim_grads_params DP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True,
+                                                           sharding="optim_grads_params")),
 }
 ZERO2_BUCKET_SIZE = 20000  # elements: about half a layer (a GPT-2-like layer holds ~50k), several buckets a stage
 
@@ -200,7 +205,8 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = [chunk.no_sync for chunk in model]
     optimizer = get_megatron_optimizer(OptimizerConfig(
-        lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP, use_distributed_optimizer=layout.get("sharding") == "optim_grads",
+        lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=CLIP,
+        use_distributed_optimizer=layout.get("sharding") in ("optim_grads", "optim_grads_params"),
     ), model)
     OptimizerParamScheduler(
         optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=1, lr_decay_style="constant",
@@ -237,6 +243,8 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
         )
         _, grad_norm, _ = optimizer.step()
         worst[f"grad norm {step}"] = abs(grad_norm - expected["grad_norm"]) / expected["grad_norm"]
+    for chunk in model:
+        chunk.start_param_sync(force_sync=True)  # optim_grads_params: every param whole
     worst["final weights"] = max(
         _scaled_error(_unsharded(key, param.detach(), tp_group, tp, glu), reference[-1]["weights"][reference_key])
         for index in range(len(chunks)) for reference_key, key, param in named(index, "param")
@@ -246,10 +254,10 @@ def _pipeline_run(name: str, layout: dict, reference: list[dict]) -> dict:
 
 
 def _wrap(config, chunk, sharding, disable_bucketing):
-    """The chunk in DDP, FSDP2 (optim_grads_params) or Megatron-FSDP's optim_grads."""
-    if sharding == "optim_grads_params":
+    """The chunk in DDP, FSDP2 or Megatron-FSDP's optim_grads / optim_grads_params."""
+    if sharding == "torch_fsdp2":
         return TorchFullyShardedDataParallel(config, TorchFullyShardedDataParallelConfig(), chunk)
-    if sharding == "optim_grads":
+    if sharding in ("optim_grads", "optim_grads_params"):
         ddp_config = DistributedDataParallelConfig(use_megatron_fsdp=True, data_parallel_sharding_strategy=sharding,
                                                    bucket_size=ZERO2_BUCKET_SIZE)
         return FullyShardedDataParallel(config, ddp_config, chunk)

@@ -10,10 +10,14 @@ What each of the n data-parallel ranks keeps 1/n of, and what builds it here:
     optim_grads           + gradients (2)                       ShardedGradDataParallel + DistributedOptimizer:
                                                                 each backward reduce-scatters into fp32 grad
                                                                 shards, no whole grad buffer (sharded_grads.py)
-    optim_grads_params    + params (3)                          TorchFullyShardedDataParallel (PyTorch FSDP2)
+    optim_grads_params    + params (3)                          ShardedParamDataParallel + DistributedOptimizer:
+                                                                each rank keeps its shard of the param buffer,
+                                                                buckets gathered around their layers' forward and
+                                                                backward (sharded_params.py)
 
-optim_grads_params keeps fp32 params as its main params (no Float16Module) and takes the FullyShardedOptimizer;
-`optim` and `optim_grads` need OptimizerConfig.use_distributed_optimizer (the training arguments turn it on).
+`optim`, `optim_grads` and `optim_grads_params` need OptimizerConfig.use_distributed_optimizer (the training
+arguments turn it on). PyTorch FSDP2 (TorchFullyShardedDataParallel, fp32 params as its main params, no
+Float16Module, the FullyShardedOptimizer) is --use-torch-fsdp2's.
 """
 
 import dataclasses
@@ -23,12 +27,13 @@ import torch
 from ..distributed_data_parallel import DistributedDataParallel
 from ..distributed_data_parallel_config import DistributedDataParallelConfig
 from ..torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
-from .sharded_grads import ShardedGradDataParallel
 from ..torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
+from .sharded_grads import ShardedGradDataParallel
+from .sharded_params import ShardedParamDataParallel
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-_PARAMS_SHARDED = {"optim_grads_params": True}  # strategies on FSDP2: reshard_after_forward
-_DISTRIBUTED_OPTIMIZER = ("optim", "optim_grads")
+_DISTRIBUTED_OPTIMIZER = ("optim", "optim_grads", "optim_grads_params")
+_SHARDED_GRADS = {"optim_grads": ShardedGradDataParallel, "optim_grads_params": ShardedParamDataParallel}
 
 
 def _strategy(ddp_config: DistributedDataParallelConfig) -> str:
@@ -40,24 +45,28 @@ def _strategy(ddp_config: DistributedDataParallelConfig) -> str:
 
 
 def uses_distributed_optimizer(ddp_config: DistributedDataParallelConfig) -> bool:
-    """Whether the strategy's optimizer is the DistributedOptimizer (`optim`, `optim_grads`)."""
+    """Whether the strategy's optimizer is the DistributedOptimizer (`optim`, `optim_grads`, `optim_grads_params`)."""
     return ddp_config.use_megatron_fsdp and _strategy(ddp_config) in _DISTRIBUTED_OPTIMIZER
 
 
 def shards_params(ddp_config: DistributedDataParallelConfig) -> bool:
-    """Whether the chunk is wrapped by TorchFullyShardedDataParallel: it then stays in fp32 (its params are the
-    main params; the compute dtype is applied as they are gathered)."""
-    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
-        return True
-    return ddp_config.use_megatron_fsdp and _strategy(ddp_config) in _PARAMS_SHARDED
+    """Whether the chunk is wrapped by TorchFullyShardedDataParallel (--use-torch-fsdp2): it then stays in fp32
+    (its params are the main params; the compute dtype is applied as they are gathered). Megatron-FSDP's
+    optim_grads_params shards bf16 params under a Float16Module instead (`shards_params_on_buffers`)."""
+    return isinstance(ddp_config, TorchFullyShardedDataParallelConfig)
 
 
-def reshards_after_forward(ddp_config: DistributedDataParallelConfig) -> bool:
+def shards_params_on_buffers(ddp_config: DistributedDataParallelConfig) -> bool:
+    """Whether the chunk is a ShardedParamDataParallel (--use-megatron-fsdp optim_grads_params: ZeRO-3 on DDP's
+    buffers)."""
+    return (not shards_params(ddp_config) and ddp_config.use_megatron_fsdp
+            and _strategy(ddp_config) == "optim_grads_params")
+
+
+def reshards_after_forward(ddp_config: TorchFullyShardedDataParallelConfig) -> bool:
     """For a chunk that `shards_params`: whether each unit's gathered params are freed after its forward (ZeRO-3)
     rather than kept until its backward (--torch-fsdp2-no-reshard-after-forward)."""
-    if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
-        return ddp_config.reshard_after_forward
-    return _PARAMS_SHARDED[_strategy(ddp_config)]
+    return ddp_config.reshard_after_forward
 
 
 _DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": "--megatron-fsdp-main-params-dtype",
@@ -96,7 +105,7 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
                              disable_bucketing: bool = False, **unused):
     """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
     a DistributedDataParallel (no_shard, optim), a ShardedGradDataParallel (optim_grads) or a
-    TorchFullyShardedDataParallel (optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
+    ShardedParamDataParallel (optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
     accepted and not used: the groups come from parallel_state, the units are fixed."""
     strategy = _strategy(ddp_config)
     mismatches = megatron_fsdp_dtype_mismatches(ddp_config, ddp_config.grad_reduce_in_fp32, config.params_dtype)
@@ -104,16 +113,12 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
         raise ValueError("; ".join(mismatches))
     fields = {field.name: getattr(ddp_config, field.name) for field in dataclasses.fields(DistributedDataParallelConfig)}
     fields["use_megatron_fsdp"] = False
-    if strategy in _PARAMS_SHARDED:
-        # FSDP2 shards the optimizer itself and prefetches each unit's gather during the previous unit's compute.
-        fields.update(use_distributed_optimizer=False, overlap_param_gather=False)
-        fsdp_config = TorchFullyShardedDataParallelConfig(**fields, reshard_after_forward=reshards_after_forward(ddp_config))
-        return TorchFullyShardedDataParallel(config, fsdp_config, module)
     fields["use_distributed_optimizer"] = strategy in _DISTRIBUTED_OPTIMIZER
-    if strategy == "optim_grads":
-        # Each backward reduce-scatters bucket by bucket (as Megatron-FSDP, whatever the overlap flags say).
-        fields.update(overlap_grad_reduce=True)
-        wrapped = ShardedGradDataParallel(config, DistributedDataParallelConfig(**fields), module, disable_bucketing)
+    if strategy in _SHARDED_GRADS:
+        # Each backward reduce-scatters bucket by bucket, and ZeRO-3 prefetches the next unit's params (as
+        # Megatron-FSDP, whatever the overlap flags say).
+        fields.update(overlap_grad_reduce=True, overlap_param_gather=strategy == "optim_grads_params")
+        wrapped = _SHARDED_GRADS[strategy](config, DistributedDataParallelConfig(**fields), module, disable_bucketing)
         wrapped.broadcast_params()
         return wrapped
     if strategy == "no_shard":

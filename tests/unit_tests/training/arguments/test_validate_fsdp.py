@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from megatron.core.distributed import TorchFullyShardedDataParallelConfig
-from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, uses_distributed_optimizer
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import (
+    shards_params,
+    shards_params_on_buffers,
+    uses_distributed_optimizer,
+)
 from megatron.training.arguments import ddp_config_from_args
 
 from .conftest import MINIMAL
@@ -18,7 +22,7 @@ def two_ranks(monkeypatch):
 
 @pytest.mark.parametrize("strategy, distributed_optimizer, sharded", [
     ("no_shard", False, False), ("optim", True, False), ("optim_grads", True, False),
-    ("optim_grads_params", False, True),
+    ("optim_grads_params", True, False),
 ])
 def test_each_strategy_picks_its_optimizer_and_wrapper(validated, strategy, distributed_optimizer, sharded):
     args = validated(*MINIMAL, "--bf16", "--use-megatron-fsdp", "--use-distributed-optimizer", "--overlap-grad-reduce",
@@ -31,7 +35,10 @@ def test_each_strategy_picks_its_optimizer_and_wrapper(validated, strategy, dist
 
 def test_megatron_fsdp_defaults_to_zero_3(validated):
     args = validated(*MINIMAL, "--use-megatron-fsdp")
-    assert args.data_parallel_sharding_strategy == "optim_grads_params" and shards_params(ddp_config_from_args(args))
+    ddp_config = ddp_config_from_args(args)
+    assert args.data_parallel_sharding_strategy == "optim_grads_params" and shards_params_on_buffers(ddp_config)
+    assert args.use_distributed_optimizer and args.overlap_grad_reduce and args.overlap_param_gather
+    assert not shards_params(ddp_config)
 
 
 def test_torch_fsdp2_config_carries_reshard_after_forward(validated):
@@ -51,6 +58,12 @@ def test_torch_fsdp2_config_carries_reshard_after_forward(validated):
      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params with --fp16 is not supported yet"),
     (["--use-torch-fsdp2", "--save", "ckpt", "--save-interval", "5", "--ckpt-format", "torch"],
      "--use-torch-fsdp2 saves and loads --ckpt-format torch_dist only"),
+    (["--use-megatron-fsdp", "--num-distributed-optimizer-instances", "2"],
+     "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params with "
+     "--num-distributed-optimizer-instances 2 is not supported yet"),
+    (["--use-megatron-fsdp", "--save", "ckpt", "--save-interval", "5", "--ckpt-format", "torch"],
+     "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params saves and loads --ckpt-format "
+     "torch_dist only"),
     (["--use-torch-fsdp2", "--overlap-param-gather", "--overlap-grad-reduce"],
      "--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)"),
 ])

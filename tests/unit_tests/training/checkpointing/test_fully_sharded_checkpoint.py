@@ -4,11 +4,13 @@ to and from other layouts (TP=2 at DP=1, and one process) through the DDP checkp
 Every rank trains on the same batches, so data parallelism changes no value: a layout change shows only as
 rounding (TP splits the GEMMs; the gradient norm is summed over other pieces), measured at 1.4e-5 relative on
 the losses after the load (asserted: 1e-4). A checkpoint that goes through another layout untouched resumes
-bit for bit. Megatron-FSDP's optim_grads (ZeRO-2 on the distributed optimizer) resumes bit for bit too.
+bit for bit. Megatron-FSDP's optim_grads_params (ZeRO-3 on DDP's buffers) does all this too, and optim_grads
+(ZeRO-2 on the distributed optimizer) resumes bit for bit.
 """
 
 import os
 
+import pytest
 import torch
 
 from megatron.core import parallel_state
@@ -22,6 +24,7 @@ SAVED_AT = 2
 
 
 def _full_weights(model) -> dict:
+    model.start_param_sync(force_sync=True)  # ZeRO-3: every param whole
     return {name: (value.full_tensor() if hasattr(value, "full_tensor") else value).float().clone()
             for name, value in model.state_dict().items() if torch.is_tensor(value)}
 
@@ -63,9 +66,14 @@ def _layouts(rank, world_size, directory, fsdp_args, tensor_parallel_args):
     return straight, resumed, tensor_parallel, round_trip
 
 
-def test_fsdp_checkpoint_resumes_exactly_and_reshards(tmp_path, monkeypatch, single_rank):
+@pytest.mark.parametrize("fsdp_flags", [("--use-torch-fsdp2",),
+                                        ("--use-megatron-fsdp", "--dist-ckpt-optim-fully-reshardable")])
+def test_fsdp_checkpoint_resumes_exactly_and_reshards(tmp_path, monkeypatch, single_rank, fsdp_flags):
+    """FSDP2, and Megatron-FSDP's optim_grads_params (ZeRO-3 on DDP's buffers: saved from and loaded into each
+    rank's bf16 param shard and the distributed optimizer's fp32 main shards, whose state reshards in the layout
+    of --dist-ckpt-optim-fully-reshardable)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    fsdp_args = make_args(*FLAGS, "--use-torch-fsdp2", "--global-batch-size", 2 * BATCH_SIZE)
+    fsdp_args = make_args(*FLAGS, *fsdp_flags, "--global-batch-size", 2 * BATCH_SIZE)
     tensor_parallel_args = make_args(*FLAGS, "--tensor-model-parallel-size", "2")
     monkeypatch.delenv("WORLD_SIZE")
     results = run_distributed(_layouts, 2, str(tmp_path), fsdp_args, tensor_parallel_args)
@@ -98,11 +106,13 @@ def _zero2_resume(rank, world_size, directory, args):
     return straight, (train_steps(model, optimizer, scheduler, args, SAVED_AT, 2), _full_weights(model))
 
 
-def test_megatron_fsdp_optim_grads_resumes_exactly(tmp_path, monkeypatch, single_rank):
-    """ZeRO-2 (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads: the distributed optimizer's
-    checkpoint code over sharded gradients) resumes bit for bit from torch_dist."""
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_megatron_fsdp_sharded_gradients_resume_exactly(tmp_path, monkeypatch, single_rank, strategy):
+    """ZeRO-2 and ZeRO-3 (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params:
+    the distributed optimizer's checkpoint code, in its default bucket layout, over sharded gradients and params)
+    resume bit for bit from torch_dist."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    args = make_args(*FLAGS, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+    args = make_args(*FLAGS, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
                      "--global-batch-size", 2 * BATCH_SIZE)
     monkeypatch.delenv("WORLD_SIZE")
     for (straight_losses, straight_weights), (losses, weights) in run_distributed(_zero2_resume, 2, str(tmp_path),
