@@ -9,7 +9,7 @@ FSDP=2 x TP=2 (+SP), and likewise Megatron-FSDP's optim_grads (ShardedGradDataPa
 reduce-scattered into shards in every backward, the distributed optimizer; buckets of ~half a layer), whose
 TP sums of norm gradients and PP sum of the tied embedding's run on the gradient shards, and its
 optim_grads_params (ShardedParamDataParallel: the params sharded too, each bucket gathered around its layers'
-forward and backward, several microbatches in flight under 1F1B). Every layout trains
+forward and backward, several microbatches in flight under 1F1B and the interleaved schedule). Every layout trains
 the same 4-layer model on the same global batch of 8 sequences with
 Megatron-Core's path (GPTModel stages, DDP, the schedule of `get_forward_backward_func`,
 finalize_model_grads, get_megatron_optimizer with Adam and clipping, the GPT task's CP batch split and
@@ -91,6 +91,8 @@ LAYOUTS = {
     "optim_grads_params DP=2 x PP=2": ("gpt2", 4, dict(pp=2, sharding="optim_grads_params")),
     "optim_grads_params DP=2 x TP=2+SP": ("llama", 4, dict(tp=2, pp=1, sequence_parallel=True,
                                                            sharding="optim_grads_params")),
+    "optim_grads_params DP=2 x PP=2, 2 virtual stages": ("gpt2", 4, dict(pp=2, vpp=2, group=2,
+                                                                         sharding="optim_grads_params")),
 }
 ZERO2_BUCKET_SIZE = 20000  # elements: about half a layer (a GPT-2-like layer holds ~50k), several buckets a stage
 
