@@ -84,16 +84,11 @@ activations are this model's arithmetic, not checked against a measurement. Gate
 counted with a softmax-attention layer's activations (theirs are not modelled yet).
 """
 
+import math
 from dataclasses import dataclass
 
-import math
-
 from megatron.core.distributed.distributed_data_parallel import default_bucket_size
-from megatron.core.distributed.fsdp.mcore_fsdp_adapter import (
-    reshards_after_forward,
-    shards_params,
-    shards_params_on_buffers,
-)
+from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, shards_params_on_buffers
 from megatron.core.enums import ModelType
 from megatron.core.transformer.config_rules import linear_attention_pattern
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
@@ -265,23 +260,39 @@ def total_parameters(args) -> int:
     return sum(map(sum, _layers(args))) + sum(_mtp_parameters(args)) + words + positions + norms + output
 
 
+def _experts_share(args) -> int:
+    """The ranks the routed experts are split over: EP x expert-TP."""
+    return args.expert_model_parallel_size * (args.expert_tensor_parallel_size or args.tensor_model_parallel_size)
+
+
+def _layer_parameters_per_rank(args, layer: tuple[int, int, int], dense: int = 1) -> int:
+    """Parameters of one layer (`_layer_parameters`) on one TP (and EP) rank; `dense` 0: the routed experts'."""
+    split, replicated, experts = layer
+    return dense * (split // args.tensor_model_parallel_size + replicated) + experts // _experts_share(args)
+
+
+def _first_stage_layers(args) -> list[tuple[int, int, int]]:
+    """`_layer_parameters` of the layers of the first pipeline stage."""
+    return _layers(args)[: args.num_layers // args.pipeline_model_parallel_size]
+
+
 def parameters_per_rank(args, experts_only: bool = False) -> dict:
     """{"first stage": n, "last stage": n} parameters on one TP (and EP) rank of the first and last pipeline
     stages (T5 runs at PP 1); with `experts_only` those of the routed experts alone."""
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    experts_share = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or tp)
     dense = 0 if experts_only else 1
     layers = _layers(args)
     per_stage = len(layers) // pp
 
     def stage(index: int) -> int:
-        return sum(dense * (split // tp + replicated) + experts // experts_share
-                   for split, replicated, experts in layers[index * per_stage:(index + 1) * per_stage])
+        return sum(_layer_parameters_per_rank(args, layer, dense)
+                   for layer in layers[index * per_stage:(index + 1) * per_stage])
 
     words, positions = _embedding_parameters(args)
     norms, output = _outside_layers(args)
     mtp_split, mtp_replicated, mtp_experts = _mtp_parameters(args)
-    norms = dense * (norms + mtp_split // tp + mtp_replicated) + mtp_experts // experts_share  # the last stage's
+    # The last stage's:
+    norms = dense * (norms + mtp_split // tp + mtp_replicated) + mtp_experts // _experts_share(args)
     first = stage(0) + dense * (words // tp + positions)
     last_output = dense * (output // tp if (output or pp == 1) else words // tp)  # tied under PP: the last copy
     if output and pp > 1 and mtp_split:  # untied: MTP's copy of the word embedding on the last stage too
@@ -365,7 +376,7 @@ def _activation_bytes(args) -> tuple[int, int]:
         inputs = (args.encoder_num_layers * tokens + (len(layers) - args.encoder_num_layers) * decoder_tokens) * h * B
         moe_layers = []
     else:
-        moe_layers = [parameters[2] > 0 for parameters in _layers(args)][: args.num_layers // pp]
+        moe_layers = [parameters[2] > 0 for parameters in _first_stage_layers(args)]
         layers = [_layer_activation_bytes(args, tokens, moe=moe) for moe in moe_layers]
         decoder_tokens, inputs = tokens, len(layers) * tokens * h * B
     # Backward's working set: about two gradients of the largest fc1 output (dense, or the routed rows').
@@ -393,9 +404,8 @@ def _fp8_weight_elements(args) -> int:
     start, end = 0, args.num_layers
     if args.first_last_layers_bf16:
         start, end = args.num_layers_at_start_in_bf16, args.num_layers - args.num_layers_at_end_in_bf16
-    first_stage = _layers(args)[: args.num_layers // args.pipeline_model_parallel_size]
-    return sum(split // args.tensor_model_parallel_size for index, (split, _, _) in enumerate(first_stage)
-               if start <= index < end)
+    return sum(split // args.tensor_model_parallel_size
+               for index, (split, _, _) in enumerate(_first_stage_layers(args)) if start <= index < end)
 
 
 def _gathered_under_zero3(args, ddp_config, parameters: int) -> int:
@@ -403,13 +413,10 @@ def _gathered_under_zero3(args, ddp_config, parameters: int) -> int:
     on one data-parallel rank, whose shard is the whole bucket."""
     if args.data_parallel_size * args.context_parallel_size == 1:
         return 0
-    stage = _layers(args)[: args.num_layers // args.pipeline_model_parallel_size]
+    stage = _first_stage_layers(args)
     if not stage:
         return parameters
-    experts_split = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or
-                                                       args.tensor_model_parallel_size)
-    per_layer = [split // args.tensor_model_parallel_size + replicated + experts // experts_split
-                 for split, replicated, experts in stage]
+    per_layer = [_layer_parameters_per_rank(args, layer) for layer in stage]
     bucket = default_bucket_size(ddp_config, args.data_parallel_size) or sum(per_layer)
     layers_per_bucket = min(len(stage), math.ceil(bucket / max(per_layer)))
     return parameters - sum(per_layer) + min(2 * layers_per_bucket, len(stage)) * max(per_layer)
@@ -427,26 +434,24 @@ def estimate_memory(args, num_microbatches: int) -> MemoryEstimate:
     else:
         state_bytes = 4 if args.sgd_momentum else 0
     optimizer = parameters * (state_bytes + (4 if mixed else 0))
-    weights, gradients = parameters * (2 if mixed else 4), parameters * grad_bytes
-    weights -= _fp8_weight_elements(args) * ((2 if mixed else 4) - 1)
+    weight_bytes = 2 if mixed else 4
+    weights, gradients = parameters * weight_bytes, parameters * grad_bytes
+    weights -= _fp8_weight_elements(args) * (weight_bytes - 1)
     if args.use_distributed_optimizer:  # dense state sharded over DP, the experts' over expert-DP
         experts = parameters_per_rank(args, experts_only=True)["first stage"]
-        expert_data_parallel = args.world_size // (
-            args.expert_model_parallel_size * (args.expert_tensor_parallel_size or args.tensor_model_parallel_size)
-            * args.pipeline_model_parallel_size)
+        expert_data_parallel = args.world_size // (_experts_share(args) * args.pipeline_model_parallel_size)
         per_parameter = state_bytes + (4 if mixed else 0)
         optimizer = ((parameters - experts) * per_parameter // args.data_parallel_size
                      + experts * per_parameter // max(expert_data_parallel, 1))
     ddp_config = ddp_config_from_args(args)
+    shards = args.data_parallel_size * args.context_parallel_size
     if ddp_config.use_megatron_fsdp and ddp_config.data_parallel_sharding_strategy.startswith("optim_grads"):
-        gradients = parameters * 4 // (args.data_parallel_size * args.context_parallel_size)
+        gradients = parameters * 4 // shards
     if shards_params_on_buffers(ddp_config):
-        weight_bytes = 2 if mixed else 4
-        weights = (parameters * weight_bytes // (args.data_parallel_size * args.context_parallel_size)
+        weights = (parameters * weight_bytes // shards
                    + _gathered_under_zero3(args, ddp_config, parameters) * weight_bytes)
     if shards_params(ddp_config):
-        shards = args.data_parallel_size * args.context_parallel_size
-        gathered = 0 if reshards_after_forward(ddp_config) else weights
+        gathered = 0 if ddp_config.reshard_after_forward else weights
         weights, gradients = parameters * 4 // shards + gathered, parameters * 4 // shards
         optimizer = parameters * state_bytes // shards
     in_flight = min(args.pipeline_model_parallel_size, num_microbatches)

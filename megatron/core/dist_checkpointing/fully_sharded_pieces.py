@@ -77,7 +77,8 @@ def flat_stretch_pieces(pieces: List[TensorPiece], stretch: torch.Tensor, stretc
         if low >= high:
             continue
         replica_id = (*piece.replica_id[:-1], 0) if isinstance(piece.replica_id, tuple) else piece.replica_id
-        restricted.append((ShardedTensor(f"{key_prefix}{piece.key}", stretch[low - stretch_start : high - stretch_start],
+        data = stretch[low - stretch_start : high - stretch_start]
+        restricted.append((ShardedTensor(f"{key_prefix}{piece.key}", data,
                                          piece.global_shape, piece.global_offset, replica_id, piece.local_shape,
                                          slice(low - start, high - start), piece.allow_shape_mismatch), low))
     return restricted

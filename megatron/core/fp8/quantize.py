@@ -104,7 +104,7 @@ def quantize_current_and_transpose(x: torch.Tensor, dtype: torch.dtype, margin: 
     return _current(x, dtype, margin, transpose=True)
 
 
-compiled_saturating_cast = cuda_fuser(saturating_cast)
+_compiled_saturating_cast = cuda_fuser(saturating_cast)
 
 
 def quantize_rounded(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, rounded_to: torch.dtype) -> torch.Tensor:
@@ -114,7 +114,7 @@ def quantize_rounded(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, r
     through a rounding cast in fp32 even with `emulate_precision_casts` (torch 2.11), and the bytes then
     differed from a bf16 weight's in ~1.5% of the elements (the losses from a bf16-weight run's by 0.3% in
     three steps on an H100)."""
-    return compiled_saturating_cast(x.to(rounded_to), scale, dtype)
+    return _compiled_saturating_cast(x.to(rounded_to), scale, dtype)
 
 
 @cuda_fuser

@@ -63,12 +63,6 @@ def shards_params_on_buffers(ddp_config: DistributedDataParallelConfig) -> bool:
             and _strategy(ddp_config) == "optim_grads_params")
 
 
-def reshards_after_forward(ddp_config: TorchFullyShardedDataParallelConfig) -> bool:
-    """For a chunk that `shards_params`: whether each unit's gathered params are freed after its forward (ZeRO-3)
-    rather than kept until its backward (--torch-fsdp2-no-reshard-after-forward)."""
-    return ddp_config.reshard_after_forward
-
-
 _DTYPE_FLAGS = {"megatron_fsdp_main_params_dtype": "--megatron-fsdp-main-params-dtype",
                 "megatron_fsdp_main_grads_dtype": "--megatron-fsdp-main-grads-dtype",
                 "megatron_fsdp_grad_comm_dtype": "--megatron-fsdp-grad-comm-dtype"}
@@ -105,8 +99,8 @@ def FullyShardedDataParallel(config, ddp_config: DistributedDataParallelConfig, 
                              disable_bucketing: bool = False, **unused):
     """Megatron-Core's Megatron-FSDP wrapper, by `ddp_config.data_parallel_sharding_strategy` (module docstring):
     a DistributedDataParallel (no_shard, optim), a ShardedGradDataParallel (optim_grads) or a
-    ShardedParamDataParallel (optim_grads_params). Keyword arguments of Megatron's (process-group collections, FSDP unit classes) are
-    accepted and not used: the groups come from parallel_state, the units are fixed."""
+    ShardedParamDataParallel (optim_grads_params). Keyword arguments of Megatron's (process-group collections,
+    FSDP unit classes) are accepted and not used: the groups come from parallel_state, the units are fixed."""
     strategy = _strategy(ddp_config)
     mismatches = megatron_fsdp_dtype_mismatches(ddp_config, ddp_config.grad_reduce_in_fp32, config.params_dtype)
     if mismatches:

@@ -29,7 +29,8 @@ in backward, the embedding's at its end). A unit's buckets are gathered
                 autograd engine's graph task) finds its params gathered and neither releases nor registers
 
 and released after the forward of the bucket's last layer (not that of the last layer with gradients on: its
-backward comes next), after the forward of the whole model without gradients (evaluation), and as soon as the bucket's reduce-scatter is launched, i.e. once every param in
+backward comes next), after the forward of the whole model without gradients (evaluation), and as soon as the
+bucket's reduce-scatter is launched, i.e. once every param in
 it has its gradient, when no node of the graph reads them any more; the end of each backward launches (and so
 releases) every bucket. Each microbatch thus gathers every bucket twice, as Megatron-FSDP; the data gathered stays
 valid until the optimizer step, which releases every bucket (`start_param_sync`). Several microbatches in flight
