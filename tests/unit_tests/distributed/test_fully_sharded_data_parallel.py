@@ -25,6 +25,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.training.checkpointing.distrib_optim import finish_param_gathers
 from tests.unit_tests.dist_utils import run_distributed
 from tests.unit_tests.reference_training import adamw_reference_steps
 
@@ -284,9 +285,12 @@ def _zero3_steps(recompute: bool, rank: int, world_size: int):
         mean_loss = sum(losses)
         dist.all_reduce(mean_loss, group=parallel_state.get_data_parallel_group())
         history.append((mean_loss.item() / world_size, grad_norm))
+    finish_param_gathers([wrapped])  # what a checkpoint save does first: nothing to gather here
+    between.append(("before a save",
+                    [bucket.params_gathered for buffer in wrapped.buffers for bucket in buffer.buckets]))
     wrapped.start_param_sync(force_sync=True)
     weights = {name: value.detach().clone() for name, value in model.state_dict().items() if torch.is_tensor(value)}
-    return history, weights, storage[:6 if recompute else 2], between[:2]
+    return history, weights, storage[:6 if recompute else 2], between[:2] + between[-1:]
 
 
 def _zero3(rank, world_size):
@@ -300,7 +304,7 @@ def test_zero3_with_microbatches_and_full_recompute_trains_like_one_process():
     and final weights of one process on the whole batch, fp32, to rel 1e-5 (rounding of the reduced sums). A
     layer's param storage exists only around its forward and backward: at layer 1's forward layer 0's is released;
     the last layer's stays from its forward to its backward; at layer 0's recomputed forward layer 1's is released
-    (its reduce-scatter launched); nothing is gathered after a backward."""
+    (its reduce-scatter launched); nothing is gathered after a backward, nor by a checkpoint save's param sync."""
     for results, (reference_history, reference_weights) in run_distributed(_zero3, 2):
         for recompute, (history, weights, storage, between) in results.items():
             for step, ((loss, norm), (expected_loss, expected_norm)) in enumerate(zip(history, reference_history)):
@@ -317,3 +321,4 @@ def test_zero3_with_microbatches_and_full_recompute_trains_like_one_process():
                 assert storage[3][2] == [full, 0]
             assert between[0] == ("after forward", [0, full])
             assert between[1][0] == "after backward" and not any(between[1][1])
+            assert between[2][0] == "before a save" and not any(between[2][1])
