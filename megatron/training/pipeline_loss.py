@@ -14,7 +14,7 @@ from megatron.core import parallel_state
 
 def broadcast_from_last_stage(losses: dict) -> dict:
     """`losses` ({name: scalar tensor or float}) of the last pipeline stage, on every stage (as 0-dim
-    float tensors on the other stages)."""
+    float tensors on the other stages, on the device of the collectives, where the last stage's are)."""
     if parallel_state.get_pipeline_model_parallel_world_size() == 1:
         return losses
     is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
@@ -25,4 +25,5 @@ def broadcast_from_last_stage(losses: dict) -> dict:
     )
     if is_last_stage:
         return losses
-    return {name: torch.tensor(value) for name, value in payload[0].items()}
+    device = parallel_state.collective_device()
+    return {name: torch.tensor(value, device=device) for name, value in payload[0].items()}

@@ -1,4 +1,4 @@
-"""Run a function on N CPU ranks (gloo) from inside a pytest test.
+"""Run a function on N CPU ranks (gloo), or N GPUs (NCCL), from inside a pytest test.
 
     results = run_distributed(my_check, world_size=4, arg1, arg2)
 
@@ -37,14 +37,16 @@ def fresh_process_context():
     return context
 
 
-def _worker(rank, world_size, store_path, call, environment, queue):
+def _worker(rank, world_size, store_path, call, environment, queue, backend):
     os.environ.clear()
     os.environ.update(environment)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
         store = dist.FileStore(store_path, world_size)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
         fn, args = pickle.loads(call)
         # Pickled here, by value: a tensor put on the queue as it is travels as a shared-memory handle
         # that the parent cannot open any more once this process has exited (FileNotFoundError).
@@ -60,8 +62,9 @@ def _worker(rank, world_size, store_path, call, environment, queue):
             dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
-    """Runs `fn(rank, world_size, *args)` on `world_size` fresh gloo ranks; returns results by rank."""
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, backend: str = "gloo"):
+    """Runs `fn(rank, world_size, *args)` on `world_size` fresh ranks (gloo; with backend="nccl" rank r on
+    GPU r); returns results by rank."""
     context = fresh_process_context()
     queue = context.Queue()
     # By value: the forkserver passes a process's file descriptors in one message of at most 256, and
@@ -70,7 +73,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         processes = [
-            context.Process(target=_worker, args=(rank, world_size, store_path, call, dict(os.environ), queue))
+            context.Process(target=_worker, args=(rank, world_size, store_path, call, dict(os.environ), queue, backend))
             for rank in range(world_size)
         ]
         for process in processes:

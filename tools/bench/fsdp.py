@@ -37,6 +37,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_efficiency import communication_per_step  # noqa: E402
 from parallel_gpu_check import DP2, GPT_1_3B, MOCK, losses, train  # noqa: E402
 
 BASE = [flag for flag in MOCK if flag != "--use-cpu-initialization"]  # a model built on the GPU, as users do
@@ -88,8 +89,8 @@ def peak_gib(output: str) -> float:
 
 
 def profile_flags(directory: str, index: int) -> list[str]:
-    """Both ranks' `torch.profiler` traces of iterations 20-22 into `directory`/<layout index>; the console then
-    prints each rank's kernel summary (ms per step per kernel class, GPU busy fraction)."""
+    """Both ranks' `torch.profiler` traces of iterations 20-22 into `directory`/<layout index>/torch_profile; the
+    console then prints each rank's kernel summary (ms per step per kernel class, GPU busy fraction)."""
     return ["--profile", "--use-pytorch-profiler", "--profile-step-start", "20", "--profile-step-end", "23",
             "--profile-ranks", "0", "1", "--tensorboard-dir", os.path.join(directory, str(index), "tensorboard")]
 
@@ -103,6 +104,13 @@ def speed(layouts: list[int], profile_dir: str | None) -> list[str]:
         output = train(2, SPEED + flags, base=BASE, timeout=RUN_TIMEOUT_S, environment=ENVIRONMENT)
         for line in re.findall(r"^profile of iterations.*$", output, flags=re.MULTILINE):
             print(f"{name}: {line}", flush=True)
+        trace = os.path.join(profile_dir or "", str(index), "torch_profile", "rank-0.json.gz")
+        if profile_dir and os.path.exists(trace):
+            result = communication_per_step(trace, steps=3)
+            exposed = ", ".join(f"{kind} {ms:.1f}" for kind, ms in result["exposed by collective"].items())
+            print(f"{name}: rank 0 ms/step: communication {result['comm ms/step']:.1f}, exposed "
+                  f"{result['exposed comm ms/step']:.1f} ({exposed}), GPU idle {result['idle ms/step']:.1f}",
+                  flush=True)
         results.append((name, median_after_warmup(r"tokens/s/GPU: ([0-9.]+)", output), peak_gib(output),
                         losses(output)))
     reference_tokens, reference_losses = results[0][1], results[0][3]

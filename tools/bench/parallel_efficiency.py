@@ -121,33 +121,48 @@ def _intersection(a, b) -> float:
     return total
 
 
+def _collective(name: str) -> str:
+    """The kind of a communication kernel: AllGather, ReduceScatter, ... of NCCL's kernel names, else its name."""
+    found = re.search(r"ncclDevKernel_([A-Za-z]+)", name)
+    return found.group(1) if found else name.split("(")[0][:24].strip()
+
+
 def communication_per_step(trace_path: str, steps: int) -> dict:
-    """ms per step of communication kernels and of the part of them with no compute kernel running, from a
-    Chrome trace of torch.profiler (GPU events: "kernel" and "gpu_memcpy" categories)."""
+    """ms per step of communication kernels, of the part of them with no compute kernel running (exposed; also
+    by collective), and of the GPU idle with neither running (host-bound gaps), from a Chrome trace of
+    torch.profiler (GPU events: "kernel" and "gpu_memcpy" categories)."""
     opener = gzip.open if trace_path.endswith(".gz") else open
     with opener(trace_path, "rt") as handle:
         events = json.load(handle).get("traceEvents", [])
-    communication, compute = [], []
+    by_kind, compute = {}, []
     for event in events:
         if event.get("ph") != "X" or event.get("cat") not in ("kernel", "gpu_memcpy"):
             continue
         interval = (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0)))
-        name = event.get("name", "").lower()
-        if any(part in name for part in COMMUNICATION):
-            communication.append(interval)
+        name = event.get("name", "")
+        if any(part in name.lower() for part in COMMUNICATION):
+            by_kind.setdefault(_collective(name), []).append(interval)
         elif event["cat"] == "kernel":
             compute.append(interval)
-    communication, compute = _union(communication), _union(compute)
+    communication = _union([interval for intervals in by_kind.values() for interval in intervals])
+    compute = _union(compute)
+    everything = _union(communication + compute)
     total = _length(communication)
+    exposed = {kind: _length(_union(intervals)) - _intersection(_union(intervals), compute)
+               for kind, intervals in by_kind.items()}
+    span = everything[-1][1] - everything[0][0] if everything else 0.0
     return {"comm ms/step": total / 1e3 / steps,
-            "exposed comm ms/step": (total - _intersection(communication, compute)) / 1e3 / steps}
+            "exposed comm ms/step": (total - _intersection(communication, compute)) / 1e3 / steps,
+            "exposed by collective": {kind: ms / 1e3 / steps for kind, ms in exposed.items()},
+            "idle ms/step": (span - _length(everything)) / 1e3 / steps}
 
 
 def failure_reason(output: str) -> str:
-    """The last `...Error: message` line of a failed run's output (torchrun's own summary says nothing), else
-    its tail."""
-    errors = re.findall(r"^(?:\[rank\d+\]: )?([\w.]*(?:Error|Exception)\b.*)$", output, re.MULTILINE)
-    return (errors[-1] if errors else output[-300:]).strip()[:400]
+    """The first `...Error: message` line a worker raised (torchrun's own ChildFailedError says nothing), else
+    the output's tail."""
+    errors = [line for line in re.findall(r"^(?:\[rank\d+\]: )?([\w.]*(?:Error|Exception)\b.*)$", output,
+                                          re.MULTILINE) if "ChildFailedError" not in line]
+    return (errors[0] if errors else output[-300:]).strip()[:400]
 
 
 class Bench:

@@ -74,7 +74,10 @@ def train(gpus: int, args: list[str], out_of_memory_ok: bool = False, timeout: i
         if out_of_memory_ok and "out of memory" in (stdout + stderr).lower():
             print(f"{name}: out of memory", file=sys.stderr, flush=True)
             return None
-        raise SystemExit(stdout[-3000:] + stderr[-3000:])
+        # torchrun's own summary ends stderr; the workers' exceptions can lie far above it.
+        raised = [line for line in stderr.splitlines() if re.search(r"\w(Error|Exception)\b", line)
+                  and "ChildFailedError" not in line]
+        raise SystemExit(stdout[-3000:] + stderr[-3000:] + "\nworkers raised:\n" + "\n".join(raised[:5]))
     print(f"{name}: lm loss {losses(stdout)[-1:]}", file=sys.stderr, flush=True)
     return stdout
 

@@ -4,7 +4,9 @@ Gradient reduction over the data-parallel group (dp ranks), so that every rank h
 or with the distributed optimizer its own shard of it:
 
     grad_data *= gradient_scaling_factor                 1/dp: a mean by summation (1 when the collective
-                                                         averages or the loss is normalised per token)
+                                                         averages or the loss is normalised per token);
+                                                         over NCCL folded into the collective instead
+                                                         (a premultiplied sum: no pass of its own)
     plain DDP               all_reduce(grad_data)
     distributed optimizer   reduce_scatter(grad_data) -> grad_data[r*S : (r+1)*S]   S = numel / dp,
                                                          rank r owns shard r (the rest is left unreduced)
@@ -77,6 +79,15 @@ class _ParamAndGradBucket:
         # gloo has had no ReduceOp.AVG for most torch versions: sum, then divide by the group size.
         self._divide_after_reduce = average and dist.get_backend(data_parallel_group) == "gloo"
         self._reduce_op = dist.ReduceOp.AVG if average and not self._divide_after_reduce else dist.ReduceOp.SUM
+        # NCCL multiplies each input by the factor (and 1/dp for an average) as it reads it, as FSDP2 does:
+        # the pass of `grad_data *= factor` over the whole bucket is saved, the sum is the same. fp32
+        # gradients only: torch up to 2.12 hands NCCL a bf16 premultiplied sum's factor with the wrong width
+        # (a power of two reads as zero: pytorch/pytorch#190745).
+        self.scales_in_collective = (gradient_scaling_factor != 1.0 and world_size > 1
+                                     and grad_data.dtype == torch.float32
+                                     and dist.get_backend(data_parallel_group) == "nccl")
+        if self.scales_in_collective:
+            self._reduce_op = dist._make_nccl_premul_sum(gradient_scaling_factor / (world_size if average else 1))
 
         # Gradient reduction of the current round (reset by finish_grad_sync / reset).
         self.params_with_grad = set()
@@ -93,7 +104,7 @@ class _ParamAndGradBucket:
         """Scales this bucket's grads and launches their all-reduce (reduce-scatter with the distributed optimizer)."""
         if self.ddp_config.check_for_nan_in_grad:
             self.local_grad_norm = self.grad_data.norm(p=2)
-        if self.gradient_scaling_factor != 1.0:
+        if self.gradient_scaling_factor != 1.0 and not self.scales_in_collective:
             self.grad_data *= self.gradient_scaling_factor
         if self.data_parallel_world_size == 1:
             # Nothing to reduce: a collective over one rank would still read (and an average divide) the

@@ -14,7 +14,7 @@ from parallel_efficiency import communication_per_step, measured  # noqa: E402
 
 def test_exposed_communication_is_the_part_no_compute_kernel_covers(tmp_path):
     """Two steps; communication 0-10 and 30-40 us (NCCL), 50-60 us (a peer-to-peer copy); compute 5-35 us on
-    two streams: 5 + 5 + 10 = 20 us of the 30 exposed, i.e. 0.015 / 0.010 ms per step."""
+    two streams: 5 + 5 + 10 = 20 us of the 30 exposed, i.e. 0.015 / 0.010 ms per step; 40-50 us idle."""
     events = [
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "ts": 0, "dur": 10},
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "ts": 30, "dur": 10},
@@ -30,6 +30,9 @@ def test_exposed_communication_is_the_part_no_compute_kernel_covers(tmp_path):
     result = communication_per_step(str(path), steps=2)
     assert result["comm ms/step"] == pytest.approx(0.015)
     assert result["exposed comm ms/step"] == pytest.approx(0.010)
+    assert result["exposed by collective"] == pytest.approx({"AllGather": 0.0025, "SendRecv": 0.0025,
+                                                             "Memcpy PtoP": 0.005})
+    assert result["idle ms/step"] == pytest.approx(0.005)
 
 
 def test_medians_leave_out_the_first_and_the_profiled_intervals():

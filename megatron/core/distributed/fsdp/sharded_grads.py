@@ -74,6 +74,9 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         self.grad_shard = torch.zeros(self.grad_data.numel() // self.data_parallel_world_size, dtype=torch.float32,
                                       device=self.grad_data.device)
         self._reduced: Optional[torch.Tensor] = None  # the reduce-scatter's output while in flight
+        # Until the step's first reduction has landed, grad_shard holds nothing: that reduction writes it
+        # directly (no zeroing, no separate output, no addition), or is copied in (a bf16 reduction).
+        self._shard_empty = True
         self.release()
 
     @property
@@ -98,24 +101,28 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         return True
 
     def start_grad_sync(self, async_op: bool) -> None:
-        """Scales the bucket's gradient and launches its reduce-scatter into a fresh shard-sized tensor."""
+        """Scales the bucket's gradient and launches its reduce-scatter: into `grad_shard` itself for the
+        step's first, else into a fresh shard-sized tensor that finish_grad_sync adds."""
         self.materialize()
         if self.ddp_config.check_for_nan_in_grad:
             norm = self.grad_data.norm(p=2)
             self.local_grad_norm = norm if self.local_grad_norm is None else torch.maximum(self.local_grad_norm, norm)
-        if self.gradient_scaling_factor != 1.0:
+        if self.gradient_scaling_factor != 1.0 and not self.scales_in_collective:
             self.grad_data *= self.gradient_scaling_factor
         self.grad_reduce_started = True
         if self.data_parallel_world_size == 1:
             self._reduced, self.grad_reduce_handle = self.grad_data, None
             return
-        self._reduced = torch.empty(self.grad_shard.numel(), dtype=self.grad_data.dtype, device=self.grad_data.device)
+        into_shard = self._shard_empty and self.grad_shard.dtype == self.grad_data.dtype  # not a bf16 reduce
+        self._reduced = self.grad_shard if into_shard else torch.empty_like(self.grad_shard,
+                                                                            dtype=self.grad_data.dtype)
         handle = _reduce_scatter_tensor(self._reduced, self.grad_data, op=self._reduce_op,
                                         group=self.data_parallel_group, async_op=async_op)
         self.grad_reduce_handle = handle if async_op else None
 
     def finish_grad_sync(self) -> None:
-        """Waits for the reduce-scatter in flight, adds its shard into `grad_shard`, frees the gradient storage."""
+        """Waits for the reduce-scatter in flight, adds its shard into `grad_shard` (unless it wrote it), frees
+        the gradient storage."""
         if not self.grad_reduce_started:
             return
         if self.grad_reduce_handle is not None:
@@ -123,17 +130,28 @@ class _ShardedGradBucket(_ParamAndGradBucket):
             self.grad_reduce_handle = None
         if self._divide_after_reduce:
             self._reduced /= self.data_parallel_world_size
-        self.grad_shard += self._reduced
+        if self._reduced is not self.grad_shard:
+            if self._shard_empty:
+                self.grad_shard.copy_(self._reduced)
+            else:
+                self.grad_shard += self._reduced
+        self._shard_empty = False
         self._reduced = None
         self.release()
         self.grad_reduce_started = False
         self.params_with_grad = set()
 
     def reset(self) -> None:
-        """A new step: no reduction in flight, zero gradient shard."""
+        """A new step: no reduction in flight, an empty gradient shard (module docstring)."""
         self.finish_grad_sync()
-        self.grad_shard.zero_()
+        self._shard_empty = True
         self.local_grad_norm = None
+
+    def complete_shard(self) -> None:
+        """Zeroes a shard no reduction wrote this step (none ran: no backward reached the bucket)."""
+        if self._shard_empty:
+            self.grad_shard.zero_()
+            self._shard_empty = False
 
 
 class _ShardedGradBuffer(_ParamAndGradBuffer):
@@ -185,6 +203,7 @@ class _ShardedGradBuffer(_ParamAndGradBuffer):
         local gradients of the step for nan/inf."""
         for bucket in self.buckets:
             bucket.finish_grad_sync()
+            bucket.complete_shard()
         self._in_flight = []
         if self.ddp_config.check_for_nan_in_grad and all(b.local_grad_norm is not None for b in self.buckets):
             self._check_local_grads_were_finite()
