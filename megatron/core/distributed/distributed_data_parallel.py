@@ -2,7 +2,10 @@
 
 Backward accumulates every parameter's gradient into `param.main_grad` (a view into a flat buffer,
 fp32 for bf16 params with `grad_reduce_in_fp32`) and frees `param.grad`, so gradients of several
-microbatches add up in place. The buffers are then reduced over the data x context parallel ranks,
+microbatches add up in place. The buffer is not zeroed between steps: `zero_grad_buffer` marks every
+param `overwrite_main_grad`, its first gradient of the step is written (copied, or by the weight-gradient
+GEMM with beta = 0: fusions/fused_weight_gradient.py) and later ones added, and a param that got none is
+zeroed when its bucket is reduced. The buffers are then reduced over the data x context parallel ranks,
 giving each rank
 
     main_grad = sum over DP x CP ranks r of (1 / (dp x cp)) * g_r        (the mean gradient)
@@ -37,6 +40,7 @@ import torch.distributed as dist
 
 from .. import parallel_state
 from ..fp8.params import fp8_param_dtype, fp8_param_tensors, is_fp8_param
+from ..fusions.fused_weight_gradient import takes_main_grad
 from .data_parallel_base import _BaseDataParallel
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 from .param_and_grad_buffer import _ParamAndGradBuffer
@@ -45,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 def _accumulate_into_main_grad(param: torch.nn.Parameter) -> None:
-    """main_grad += grad, then free grad."""
+    """main_grad += grad (main_grad = grad for the step's first: module docstring), then free grad."""
     grad = param.grad
     if grad is None:
         return
@@ -55,7 +59,10 @@ def _accumulate_into_main_grad(param: torch.nn.Parameter) -> None:
     # Fused weight-gradient kernels write into main_grad themselves and set grad_added_to_main_grad.
     already_added = param.grad_added_to_main_grad and not getattr(param, "zero_out_wgrad", False)
     if not aliases_main_grad and not already_added:
-        param.main_grad.add_(grad)
+        if takes_main_grad(param):
+            param.main_grad.copy_(grad)
+        else:
+            param.main_grad.add_(grad)
     param.grad = None
 
 
@@ -282,9 +289,11 @@ class DistributedDataParallel(_BaseDataParallel):
             buffer.scale_gradients(scaling_factor)
 
     def zero_grad_buffer(self) -> None:
-        """Zeros all gradient buffers; call at the start of every iteration."""
+        """Empties all gradient buffers (marks them, module docstring); call at the start of every iteration.
+        A `.grad` left aliasing `main_grad` (FP32Optimizer's step) is dropped: autograd would add into it."""
         for param in self.params_with_grad:
             param.grad_added_to_main_grad = False
+            param.grad = None
         for buffer in self._all_buffers:
             buffer.reset()
 

@@ -29,6 +29,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from ..fusions.fused_weight_gradient import takes_main_grad
 from .distributed_data_parallel_config import DistributedDataParallelConfig
 
 # torch 2.13 renamed the tensor-in / tensor-out collectives; older versions only have the first names.
@@ -100,8 +101,16 @@ class _ParamAndGradBucket:
         self.next_param_gather_bucket: Optional["_ParamAndGradBucket"] = None
 
     # --- gradient reduction ------------------------------------------------------------------------------
+    def zero_unwritten_grads(self) -> None:
+        """Zeroes `main_grad` of each param that nothing wrote since it was marked empty (`overwrite_main_grad`:
+        a param unused by this step's backward), before the reduction reads it."""
+        for param in self.params_list:
+            if takes_main_grad(param):
+                param.main_grad.zero_()
+
     def start_grad_sync(self, async_op: bool) -> None:
         """Scales this bucket's grads and launches their all-reduce (reduce-scatter with the distributed optimizer)."""
+        self.zero_unwritten_grads()
         if self.ddp_config.check_for_nan_in_grad:
             self.local_grad_norm = self.grad_data.norm(p=2)
         if self.gradient_scaling_factor != 1.0 and not self.scales_in_collective:

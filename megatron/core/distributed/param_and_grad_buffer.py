@@ -154,10 +154,13 @@ class _ParamAndGradBuffer:
         self.grad_data *= scaling_factor
 
     def reset(self) -> None:
-        """Zeros the gradients and starts a new reduction round (start of an iteration)."""
+        """Empties the gradients and starts a new reduction round (start of an iteration): each param is
+        marked `overwrite_main_grad` instead of a pass zeroing the buffer (distributed_data_parallel.py); the
+        padding between params is never written and stays zero."""
         for bucket in self.buckets:
             bucket.reset()
-        self.grad_data.zero_()
+        for param in self.params:
+            param.overwrite_main_grad = True
 
     def start_grad_sync(self, async_op: bool) -> None:
         """Launches the reduction of every bucket that backward has not launched yet."""

@@ -15,9 +15,9 @@ itself with wgrad=False. The forward GEMM accumulates with cuBLAS' fast mode and
 without it, as Transformer Engine and torchao do.
 
 With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` and the weight is marked
-`grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (the
-flag still False: DDP zeroed `main_grad` and nothing has written it since) is written straight into
-`main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8 (params.py) takes this path
+`grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (DDP
+marked `main_grad` as holding nothing yet, or zeroed it and nothing has written it since) is written straight
+into `main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8 (params.py) takes this path
 always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd would cast its dW to FP8.
 
 On CUDA the GEMMs need compute capability 8.9 (Ada, Hopper) or newer; on CPU `torch._scaled_mm` computes
@@ -30,7 +30,7 @@ import torch
 
 from megatron.core.fp8.params import is_fp8_param
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, Fp8Scaling
-from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient, can_accumulate_in_main_grad
+from megatron.core.fusions.fused_weight_gradient import add_weight_gradient, can_accumulate_in_main_grad, takes_main_grad
 
 
 @functools.cache
@@ -100,17 +100,17 @@ def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
     if not ctx.fp8_wgrad:  # wgrad_operand is X [M, K]
         if not ctx.accumulate:
             return dy.t().matmul(wgrad_operand)
-        accumulate_weight_gradient(weight.main_grad, dy, wgrad_operand)
+        add_weight_gradient(weight, dy, wgrad_operand)
     else:
         a, b = q_dy.transposed, wgrad_operand.t()  # [N, M'] row-major, [M', K] column-major
         if not ctx.accumulate:
             return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
         main_grad = weight.main_grad
-        if weight.grad_added_to_main_grad:
-            main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype))
-        else:
+        if takes_main_grad(weight) or not weight.grad_added_to_main_grad:
             _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype, out=main_grad)
-    weight.grad_added_to_main_grad = True
+        else:
+            main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype))
+        weight.grad_added_to_main_grad = True
     return torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
 
 

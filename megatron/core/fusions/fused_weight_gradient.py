@@ -10,18 +10,38 @@ fp32 GEMM with beta = 1 (`torch.addmm(..., out_dtype=float32, out=main_grad)`) d
 
 The backward hands autograd an uninitialised dummy for dW and sets `weight.grad_added_to_main_grad`,
 which tells DDP's hook not to add it (the same protocol as Megatron-LM).
+
+DDP does not zero its gradient buffer at the start of a step: it marks each param `overwrite_main_grad`
+(Megatron-FSDP's name for it) instead, meaning "main_grad holds nothing of this step yet". The first writer
+then writes (the GEMM with beta = 0, which does not read what main_grad held; DDP's hook copies) and clears
+the mark; later writers accumulate. That saves a pass over the whole fp32 buffer per step (or per
+microbatch, for the transient gradient storage of the sharded strategies).
 """
 
 import torch
 import torch.nn.functional as F
 
 
-def accumulate_weight_gradient(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
-    """main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated in main_grad's fp32."""
+def takes_main_grad(param: torch.Tensor) -> bool:
+    """Whether `param.main_grad` holds nothing of this step yet (module docstring), in which case the caller
+    writes it instead of adding to it; the mark is cleared either way."""
+    empty = getattr(param, "overwrite_main_grad", False)
+    if empty:
+        param.overwrite_main_grad = False
+    return empty
+
+
+def add_weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    """weight.main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated in main_grad's dtype
+    (fp32) by the GEMM, or written when main_grad holds nothing of this step yet; marks the weight
+    `grad_added_to_main_grad`."""
+    main_grad = weight.main_grad
+    beta = 0.0 if takes_main_grad(weight) else 1.0  # beta 0: main_grad's old bytes (maybe NaN) are not read
     if main_grad.is_cuda:
-        torch.addmm(main_grad, grad_output.t(), input, out_dtype=main_grad.dtype, out=main_grad)
+        torch.addmm(main_grad, grad_output.t(), input, beta=beta, out_dtype=main_grad.dtype, out=main_grad)
     else:  # CPU has no mixed-dtype GEMM; the same sum in fp32
-        main_grad.addmm_(grad_output.t().to(main_grad.dtype), input.to(main_grad.dtype))
+        main_grad.addmm_(grad_output.t().to(main_grad.dtype), input.to(main_grad.dtype), beta=beta)
+    weight.grad_added_to_main_grad = True
 
 
 class _LinearWithGradAccumulation(torch.autograd.Function):
@@ -39,8 +59,7 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         (input,), weight = ctx.saved_tensors, ctx.weight
         grad_input = grad_output.matmul(weight)  # [..., out] @ [out, in]
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [n, out]
-        accumulate_weight_gradient(weight.main_grad, grad_output_2d, input.reshape(-1, input.size(-1)))
-        weight.grad_added_to_main_grad = True
+        add_weight_gradient(weight, grad_output_2d, input.reshape(-1, input.size(-1)))
         dummy_weight_grad = torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
         grad_bias = grad_output_2d.sum(dim=0) if ctx.has_bias else None
         return grad_input, dummy_weight_grad, grad_bias

@@ -28,7 +28,7 @@ and the weight marked `grad_added_to_main_grad` (the protocol of fusions/fused_w
 import torch
 import torch.nn.functional as F
 
-from megatron.core.fusions.fused_weight_gradient import accumulate_weight_gradient
+from megatron.core.fusions.fused_weight_gradient import add_weight_gradient
 from megatron.core.tensor_parallel.comm_overlap import (
     all_gather_matmul,
     matmul_reduce_scatter,
@@ -43,8 +43,7 @@ def _weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input_: to
     """dA = dY^T X over all tokens: [n, k]; or added into main_grad, with a never-read placeholder returned."""
     if not accumulate:
         return rows(grad_output).t().mm(rows(input_))
-    accumulate_weight_gradient(weight.main_grad, rows(grad_output), rows(input_))
-    weight.grad_added_to_main_grad = True
+    add_weight_gradient(weight, rows(grad_output), rows(input_))
     return torch.empty_like(weight)
 
 

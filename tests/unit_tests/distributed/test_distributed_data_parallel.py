@@ -72,8 +72,20 @@ def test_backward_accumulates_into_main_grad_and_frees_grad(single_rank_groups):
     for param, reference_param in zip(model.parameters(), reference.parameters()):
         assert param.grad is None and param.main_grad.dtype == torch.float32
         torch.testing.assert_close(param.main_grad, reference_param.grad.float(), rtol=2e-2, atol=2e-2)
+    # Emptied, not zeroed: the next step's first gradient is written over whatever the buffer holds, and
+    # a param that gets none is zeroed when its bucket is reduced.
     ddp.zero_grad_buffer()
-    assert all(param.main_grad.abs().sum() == 0 for param in model.parameters())
+    assert all(param.overwrite_main_grad for param in model.parameters())
+    ddp.buffers[0].grad_data.fill_(float("nan"))
+    model.fc1.requires_grad_(False)
+    reference.zero_grad()
+    x, y = batch(2)
+    torch.nn.functional.mse_loss(ddp(x.bfloat16()), y.bfloat16()).backward()
+    torch.nn.functional.mse_loss(reference(x.bfloat16()), y.bfloat16()).backward()
+    ddp.finish_grad_sync()
+    for name, param in model.named_parameters():
+        expected = torch.zeros_like(param.main_grad) if name.startswith("fc1") else reference.get_parameter(name).grad
+        torch.testing.assert_close(param.main_grad, expected.float(), rtol=2e-2, atol=2e-2, msg=name)
 
 
 def test_a_dropped_wrapper_is_freed_and_its_hooks_then_say_so(single_rank_groups):

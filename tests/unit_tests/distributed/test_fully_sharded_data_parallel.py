@@ -162,9 +162,34 @@ def test_full_recompute_of_rope_layers_recomputes_the_forward_exactly(single_ran
         torch.testing.assert_close(recomputed_grads[name], grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
 
 
+def _nan_in_emptied_gradients(wrapped) -> None:
+    """Gradient storage is emptied, not zeroed (distributed_data_parallel.py): make its old bytes NaN whenever
+    it is emptied (each step; each materialisation of a transient bucket), so that reading them would show."""
+    def fill(params):
+        for param in params:
+            param.main_grad.fill_(float("nan"))
+
+    zero_grad_buffer = wrapped.zero_grad_buffer
+
+    def emptied_with_nan():
+        zero_grad_buffer()
+        fill(param for buffer in wrapped.buffers if buffer.grad_data is not None for param in buffer.params)
+
+    wrapped.zero_grad_buffer = emptied_with_nan
+    for bucket in (bucket for buffer in wrapped.buffers for bucket in buffer.buckets):
+        if hasattr(bucket, "materialize"):
+            def materialize(bucket=bucket, original=bucket.materialize):
+                fresh = not bucket.materialized
+                original()
+                if fresh:
+                    fill(bucket.params_list)
+
+            bucket.materialize = materialize
+
+
 def _microbatched_steps(strategy: str, fusion: bool, rank: int, world_size: int):
-    """Two steps of two microbatches each (this rank's halves) with buckets of ~1 layer: (losses, grad norms,
-    final weights, the wrapper's buffers)."""
+    """Two steps of two microbatches each (this rank's halves) with buckets of ~1 layer, NaN in the emptied
+    gradient storage: (losses, grad norms, final weights, the wrapper's buffers)."""
     torch.manual_seed(11)
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=40,
                                hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
@@ -175,6 +200,7 @@ def _microbatched_steps(strategy: str, fusion: bool, rank: int, world_size: int)
                                                overlap_grad_reduce=True, bucket_size=4000,
                                                grad_reduce_in_fp32=True)
     wrapped = FullyShardedDataParallel(config, ddp_config, model)
+    _nan_in_emptied_gradients(wrapped)
     optimizer = get_megatron_optimizer(OptimizerConfig(lr=LR, clip_grad=CLIP, use_distributed_optimizer=True,
                                                        bf16=fusion), [wrapped])
     history, transient_bytes = [], []

@@ -1,5 +1,6 @@
 """linear_with_grad_accumulation: the weight gradient lands in DDP's fp32 main_grad (summed over
-backward passes) and nowhere else; input and bias gradients are autograd's. Reference: float64 sums."""
+backward passes, written over whatever an emptied buffer held) and nowhere else; input and bias gradients
+are autograd's. Reference: float64 sums."""
 
 from types import SimpleNamespace
 
@@ -38,15 +39,20 @@ def _run(device):
     ddp = DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=False),
                                   DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     generator = torch.Generator().manual_seed(1)
-    inputs = [torch.randn(3, 5, 8, generator=generator).bfloat16().to(device) for _ in range(2)]
-    upstream = [torch.randn(3, 5, 4, generator=generator).bfloat16().to(device) for _ in range(2)]
-    for x, g in zip(inputs, upstream):  # two microbatches accumulate
-        ddp(x).backward(g)
-    expected = _reference_grads(model, [x.cpu() for x in inputs], [g.cpu() for g in upstream])
-    for name, param in model.named_parameters():
-        assert param.grad is None and param.main_grad.dtype == torch.float32
-        torch.testing.assert_close(param.main_grad.cpu().double(), expected[name], atol=3e-2, rtol=2e-2)
-    assert model.fc1.weight.grad_added_to_main_grad and not model.fc1.bias.grad_added_to_main_grad
+    for step in range(2):
+        ddp.zero_grad_buffer()
+        if step:  # an emptied buffer's bytes are never read (the first writer writes): NaN changes nothing
+            ddp.buffers[0].grad_data.fill_(float("nan"))
+        inputs = [torch.randn(3, 5, 8, generator=generator).bfloat16().to(device) for _ in range(2)]
+        upstream = [torch.randn(3, 5, 4, generator=generator).bfloat16().to(device) for _ in range(2)]
+        for x, g in zip(inputs, upstream):  # two microbatches accumulate
+            ddp(x).backward(g)
+        ddp.finish_grad_sync()
+        expected = _reference_grads(model, [x.cpu() for x in inputs], [g.cpu() for g in upstream])
+        for name, param in model.named_parameters():
+            assert param.grad is None and param.main_grad.dtype == torch.float32
+            torch.testing.assert_close(param.main_grad.cpu().double(), expected[name], atol=3e-2, rtol=2e-2)
+        assert model.fc1.weight.grad_added_to_main_grad and not model.fc1.bias.grad_added_to_main_grad
 
 
 def test_weight_gradients_accumulate_in_main_grad_on_cpu(single_rank_groups):

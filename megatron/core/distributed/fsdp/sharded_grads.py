@@ -16,7 +16,8 @@ the backward of the bucket's first layer until its reduce-scatter has completed.
 instead of the distributed optimizer's 2 + 4 + 12/dp.
 
 How a bucket's storage comes and goes: its `grad_data` tensor and every param's `main_grad` view of it are
-made once; releasing resizes the storage under them to zero bytes, materialising resizes it back (zeroed), so
+made once; releasing resizes the storage under them to zero bytes, materialising resizes it back (the padding
+zeroed, each param marked empty for its first writer: distributed_data_parallel.py), so
 the views stay valid (and gradient-accumulation fusion keeps seeing an fp32 `main_grad` in forward). It is
 materialised when backward first needs it: by the gradient hook of a param, or, before a fused weight-gradient
 GEMM writes `main_grad` directly, by a hook on the gradient of the outputs of the transformer layer (or of the
@@ -71,6 +72,10 @@ class _ShardedGradBucket(_ParamAndGradBucket):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._storage_bytes = self.grad_data.untyped_storage().nbytes()
+        covered = torch.zeros(self.grad_data.numel(), dtype=torch.bool)
+        for start, end in self.param_to_index.values():
+            covered[start:end] = True
+        self._padding = (~covered).nonzero().flatten().to(self.grad_data.device)  # the elements of no param
         self.grad_shard = torch.zeros(self.grad_data.numel() // self.data_parallel_world_size, dtype=torch.float32,
                                       device=self.grad_data.device)
         self._reduced: Optional[torch.Tensor] = None  # the reduce-scatter's output while in flight
@@ -84,10 +89,14 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         return self.grad_data.untyped_storage().nbytes() > 0
 
     def materialize(self) -> None:
-        """Gives the gradient storage its bytes back, zeroed (a no-op while it has them)."""
+        """Gives the gradient storage its bytes back (a no-op while it has them): the padding between params
+        zeroed, each param marked `overwrite_main_grad` (its first writer writes: no pass zeroing the bucket)."""
         if not self.materialized:
             self.grad_data.untyped_storage().resize_(self._storage_bytes)
-            self.grad_data.zero_()
+            if self._padding.numel():
+                self.grad_data.index_fill_(0, self._padding, 0)
+            for param in self.params_list:
+                param.overwrite_main_grad = True
 
     def release(self) -> None:
         self.grad_data.untyped_storage().resize_(0)
@@ -104,6 +113,7 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         """Scales the bucket's gradient and launches its reduce-scatter: into `grad_shard` itself for the
         step's first, else into a fresh shard-sized tensor that finish_grad_sync adds."""
         self.materialize()
+        self.zero_unwritten_grads()
         if self.ddp_config.check_for_nan_in_grad:
             norm = self.grad_data.norm(p=2)
             self.local_grad_norm = norm if self.local_grad_norm is None else torch.maximum(self.local_grad_norm, norm)
