@@ -54,13 +54,14 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multi_gpu_validation import LLAMA_8B, MIXTRAL, commit, machine  # noqa: E402
-from parallel_gpu_check import DP2, MOCK, ROOT, losses, train  # noqa: E402
+from parallel_gpu_check import DP2, MOCK, ROOT, WORKERS_RAISED, losses, train, worker_errors  # noqa: E402
 
 BASE = [flag for flag in MOCK if flag != "--use-cpu-initialization"]
 GPT_1_3B = ["--vocab-size", "50304", "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
             "--seq-length", "2048", "--max-position-embeddings", "2048", "--micro-batch-size", "4", "--bf16"]
 TINY = ["--vocab-size", "1024", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "4"]
+        "--num-query-groups", "2", "--ffn-hidden-size", "128", "--seq-length", "128",
+        "--max-position-embeddings", "128"]  # each row keeps its micro and global batch
 TP2 = ["--tensor-model-parallel-size", "2"]
 SP = ["--sequence-parallel"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
@@ -158,11 +159,11 @@ def communication_per_step(trace_path: str, steps: int) -> dict:
 
 
 def failure_reason(output: str) -> str:
-    """The first `...Error: message` line a worker raised (torchrun's own ChildFailedError says nothing), else
-    the output's tail."""
-    errors = [line for line in re.findall(r"^(?:\[rank\d+\]: )?([\w.]*(?:Error|Exception)\b.*)$", output,
-                                          re.MULTILINE) if "ChildFailedError" not in line]
-    return (errors[0] if errors else output[-300:]).strip()[:400]
+    """What the workers of a failed run raised (torchrun's own ChildFailedError says nothing), else the
+    output's tail."""
+    listed = output.split(WORKERS_RAISED)[1].splitlines() if WORKERS_RAISED in output else []  # train()'s list
+    errors = [line for line in listed if line] or worker_errors(output)
+    return ("; ".join(errors[:3]) if errors else output[-300:]).strip()[:400]
 
 
 class Bench:

@@ -74,12 +74,29 @@ def train(gpus: int, args: list[str], out_of_memory_ok: bool = False, timeout: i
         if out_of_memory_ok and "out of memory" in (stdout + stderr).lower():
             print(f"{name}: out of memory", file=sys.stderr, flush=True)
             return None
-        # torchrun's own summary ends stderr; the workers' exceptions can lie far above it.
-        raised = [line for line in stderr.splitlines() if re.search(r"\w(Error|Exception)\b", line)
-                  and "ChildFailedError" not in line]
-        raise SystemExit(stdout[-3000:] + stderr[-3000:] + "\nworkers raised:\n" + "\n".join(raised[:5]))
+        # torchrun's own summary ends stderr; the workers' errors can lie far above it.
+        raise SystemExit(stdout[-3000:] + stderr[-3000:] + "\n" + WORKERS_RAISED + "\n".join(
+            worker_errors(stdout + "\n" + stderr)[:6]))
     print(f"{name}: lm loss {losses(stdout)[-1:]}", file=sys.stderr, flush=True)
     return stdout
+
+
+WORKERS_RAISED = "workers raised:\n"
+
+
+def worker_errors(output: str) -> list[str]:
+    """The errors a run's workers printed: exception lines (`...Error: message`, "[rankN]: " prefix dropped) and
+    the argument problems ("error: N problem(s) ..." and its "  - " lines); not torchrun's ChildFailedError."""
+    found, in_problems = [], False
+    for line in output.splitlines():
+        line = re.sub(r"^\[rank\d+\]: ", "", line)
+        if in_problems and line.startswith("  - "):
+            found.append(line.strip())
+            continue
+        in_problems = line.startswith("error: ")
+        if in_problems or (re.match(r"[\w.]*(Error|Exception)\b", line) and "ChildFailedError" not in line):
+            found.append(line.strip())
+    return found
 
 
 def losses(output: str) -> list[float]:

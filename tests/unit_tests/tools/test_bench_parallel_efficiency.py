@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "bench"))
-from parallel_efficiency import communication_per_step, measured  # noqa: E402
+from parallel_efficiency import communication_per_step, failure_reason, measured  # noqa: E402
 
 
 def test_exposed_communication_is_the_part_no_compute_kernel_covers(tmp_path):
@@ -45,3 +45,19 @@ def test_medians_leave_out_the_first_and_the_profiled_intervals():
     row = measured(output, profiled_from=21)
     assert (row["ms"], row["tokens/s/GPU"], row["TFLOP/s/GPU"], row["peak MB"]) == (110.0, 30.0, 1.5, 321.5)
     assert row["lm loss"] == 2.0
+
+
+def test_a_failed_run_is_reported_by_what_its_workers_raised():
+    """Not torchrun's ChildFailedError: a worker's exception, or the argument problems of the validation."""
+    torchrun = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                "  time      : 2026-11-27_12:55:15\n  error_file: <N/A>\n")
+    crashed = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
+               "[rank0]: RuntimeError: Expected all tensors to be on the same device\n" + torchrun)
+    refused = ("using world size: 1\nerror: 2 problem(s) with the arguments:\n  - --num-query-groups 8 must divide "
+               "--num-attention-heads 4\n  - global batch size 1 is not a multiple of 4\nE1127 failed\n" + torchrun)
+    assert failure_reason(crashed) == "RuntimeError: Expected all tensors to be on the same device"
+    assert failure_reason(refused) == ("error: 2 problem(s) with the arguments:; - --num-query-groups 8 must "
+                                       "divide --num-attention-heads 4; - global batch size 1 is not a multiple of 4")
+    assert failure_reason("Killed\n" + torchrun).endswith("error_file: <N/A>")
+    listed = "tail of the output\nworkers raised:\nerror: 1 problem(s) with the arguments:\n- needs a CUDA device"
+    assert failure_reason(listed) == "error: 1 problem(s) with the arguments:; - needs a CUDA device"
