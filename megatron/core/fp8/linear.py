@@ -30,7 +30,11 @@ import torch
 
 from megatron.core.fp8.params import is_fp8_param
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, Fp8Scaling
-from megatron.core.fusions.fused_weight_gradient import add_weight_gradient, can_accumulate_in_main_grad, takes_main_grad
+from megatron.core.fusions.fused_weight_gradient import (
+    add_weight_gradient,
+    can_accumulate_in_main_grad,
+    takes_main_grad,
+)
 
 
 @functools.cache

@@ -258,7 +258,7 @@ class MegatronOptimizer(ABC):
 
     @abstractmethod
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clears the `.grad` of model and main params (DDP's `main_grad` buffers are zeroed by DDP)."""
+        """Clears the `.grad` of model and main params (DDP empties its `main_grad` buffers itself)."""
 
     @abstractmethod
     def get_loss_scale(self) -> torch.Tensor:
