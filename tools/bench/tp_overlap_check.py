@@ -13,6 +13,9 @@ ColumnParallelLinear (fc1, h -> 4h) -> GELU -> RowParallelLinear (fc2, 4h -> h),
 2. Time, bf16, the 1.3B shape (seq 2048, micro batch 4, h 2048): forward + backward of the MLP, median of
    20 after 5 warm-up, per implementation, and the same local GEMMs with no communication (the floor: what
    TP would cost if communication were free). Efficiency = floor / time.
+3. The same, captured once in a CUDA graph and replayed (CUDA only): the time without the host's launches,
+   which a `--cuda-graph-impl full_iteration` run would see, or why the capture failed (the full-iteration
+   graph refuses --tp-comm-overlap until its implementations are shown to capture).
 
 The implementations run on separate TP groups of the same two ranks: the overlap implementation is chosen
 once per group (comm_overlap.py), and MEGATRON_TP_COMM_OVERLAP_IMPL=chunked makes the second group's chunked.
@@ -76,13 +79,32 @@ def median_ms(function, warmup: int = 5, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def floor_ms(sequence: int, batch: int, hidden: int, dtype) -> float:
-    """The MLP's local GEMMs at TP=2 (the whole sequence, half the columns), no communication."""
+def graphed_ms(function) -> float | str:
+    """`function` captured in a CUDA graph (after warm-up on the capture's side stream) and replayed: median ms
+    of a replay, or why the capture failed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            function()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            function()
+    except RuntimeError as error:
+        return f"capture failed: {str(error).splitlines()[0][:160]}"
+    return median_ms(graph.replay)
+
+
+def floor_step(sequence: int, batch: int, hidden: int, dtype):
+    """The MLP's local GEMMs at TP=2 (the whole sequence, half the columns), no communication: forward and
+    backward, as a function."""
     x = torch.randn(sequence, batch, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
     w1 = torch.randn(2 * hidden, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
     w2 = torch.randn(hidden, 2 * hidden, device=DEVICE, dtype=dtype, requires_grad=True)
     grad = torch.randn(sequence, batch, hidden, device=DEVICE, dtype=dtype)
-    return median_ms(lambda: F.linear(F.gelu(F.linear(x, w1)), w2).backward(grad))
+    return lambda: F.linear(F.gelu(F.linear(x, w1)), w2).backward(grad)
 
 
 def main() -> None:
@@ -117,14 +139,25 @@ def main() -> None:
         lines.append(f"fp32 {name} vs plain: max abs difference {worst:.2e}")
 
     sequence, batch, hidden = (2048, 4, 2048) if CUDA else (64, 2, 64)
-    floor = floor_ms(sequence, batch, hidden, torch.bfloat16)
+    local_gemms = floor_step(sequence, batch, hidden, torch.bfloat16)
+    floor = median_ms(local_gemms)
     lines.append(f"bf16 MLP h {hidden} fwd+bwd, seq {sequence} x mbs {batch}: local GEMMs alone {floor:.2f} ms")
+    inputs = {}
     for name in names:
         layers = mlp(groups[name], name != "plain", hidden, torch.bfloat16)
         x = torch.randn(sequence // 2, batch, hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
         grad = torch.randn(sequence // 2, batch, hidden, device=DEVICE, dtype=torch.bfloat16)
+        inputs[name] = layers, x, grad
         ms = median_ms(lambda: step(layers, x, grad))
         lines.append(f"  {name:<17} {ms:7.2f} ms   {100 * floor / ms:5.1f}% of the GEMM-only time")
+    if CUDA:
+        floor = graphed_ms(local_gemms)
+        lines.append(f"captured in a CUDA graph and replayed: local GEMMs alone {floor:.2f} ms")
+        for name in names:  # symmetric memory last: a failed capture may leave the stream unusable
+            layers, x, grad = inputs[name]
+            ms = graphed_ms(lambda: step(layers, x, grad))
+            lines.append(f"  {name:<17} " + (ms if isinstance(ms, str) else
+                                              f"{ms:7.2f} ms   {100 * floor / ms:5.1f}% of the GEMM-only time"))
     if rank == 0:
         print("\n".join(lines), flush=True)
     parallel_state.destroy_model_parallel()
