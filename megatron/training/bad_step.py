@@ -125,6 +125,9 @@ class BadStepGuard:
             return finalize_model_grads_func
 
         def finalize_after_local_check(*args, **kwargs):
+            for chunk in model:
+                if hasattr(chunk, "zero_unwritten_grads"):  # DDP's buffers are emptied, not zeroed
+                    chunk.zero_unwritten_grads()
             self._local_grads_nonfinite = _nonfinite(self._gradients(model))
             return finalize_model_grads_func(*args, **kwargs)
 

@@ -297,6 +297,14 @@ class DistributedDataParallel(_BaseDataParallel):
         for buffer in self._all_buffers:
             buffer.reset()
 
+    def zero_unwritten_grads(self) -> None:
+        """Zeroes the gradient of each param that nothing wrote this step, now rather than when its bucket is
+        reduced: for a reader of the local gradients before the reduction (the bad-step check), which would
+        otherwise see an emptied buffer's stale bytes there."""
+        for buffer in self._all_buffers:
+            for bucket in buffer.buckets:
+                bucket.zero_unwritten_grads()
+
     def broadcast_params(self) -> None:
         """Copies every param (a weight stored in FP8 with its scale) from the first rank of its data-parallel
         group to the others."""

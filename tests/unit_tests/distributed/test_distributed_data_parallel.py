@@ -86,6 +86,12 @@ def test_backward_accumulates_into_main_grad_and_frees_grad(single_rank_groups):
     for name, param in model.named_parameters():
         expected = torch.zeros_like(param.main_grad) if name.startswith("fc1") else reference.get_parameter(name).grad
         torch.testing.assert_close(param.main_grad, expected.float(), rtol=2e-2, atol=2e-2, msg=name)
+    # A reader before the reduction (the bad-step check) has the unwritten ones zeroed first.
+    ddp.zero_grad_buffer()
+    ddp.buffers[0].grad_data.fill_(float("nan"))
+    torch.nn.functional.mse_loss(ddp(x.bfloat16()), y.bfloat16()).backward()
+    ddp.zero_unwritten_grads()
+    assert all(torch.isfinite(buffer).all() for buffer in ddp.main_grad_buffers())
 
 
 def test_a_dropped_wrapper_is_freed_and_its_hooks_then_say_so(single_rank_groups):
