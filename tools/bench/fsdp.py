@@ -3,6 +3,7 @@ section at the end.
 
     python tools/bench/fsdp.py                              # both sections (about 20 minutes on 2 x H100)
     python tools/bench/fsdp.py --sections speed             # GPT 1.3B only (about 5 minutes)
+    python tools/bench/fsdp.py --sections speed --layouts 0,3,4 --rounds 2   # interleaved twice: ratios per round
     python tools/bench/fsdp.py --sections largest --modes distopt,fsdp       # the model-size ladder, in two
     python tools/bench/fsdp.py --sections largest --modes fsdp-recompute --first-layers 24   # calls
 
@@ -11,10 +12,12 @@ section at the end.
    (ZeRO-3), --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads (ZeRO-2 on the distributed
    optimizer's buffers: each backward reduce-scatters bucket by bucket into fp32 gradient shards) and
    optim_grads_params (ZeRO-3 on the same buffers: each rank keeps its bf16 shard of the params, each layer's
-   bucket all-gathered before its forward and again before its backward, the next one prefetched). Per layout: median tokens/s/GPU of the console lines after the first two, peak
-   memory (max allocated after the first iteration, DP rank 0, which holds the larger shards), the speed as a
-   fraction of the reference's (target >= 0.90), and the largest relative difference of its per-iteration
-   lm loss from the reference's (both start from the same weights; bf16 rounding only).
+   bucket all-gathered before its forward and again before its backward, the next one prefetched). Per
+   layout: median tokens/s/GPU of the console lines after the first two, peak memory (max allocated after
+   the first iteration, DP rank 0, which holds the larger shards), the speed as a fraction of the
+   reference's (target >= 0.90; with --rounds, per round against that round's reference run, and their
+   mean), and the largest relative difference of its per-iteration lm loss from the reference's (both start
+   from the same weights; bf16 rounding only).
 2. largest: Llama-style models (h 4096, 32 heads, 8 KV groups, ffn 14336, SwiGLU, RMSNorm, RoPE, untied,
    no biases, vocab 128256, seq 4096, micro batch 1, global batch 8) with 16, 24, 32, 40, 48, ... layers
    (4.5B, 6.3B, 8.0B, 9.8B, 11.5B, ... parameters), 4 iterations each, climbing until the first run out of
@@ -95,30 +98,42 @@ def profile_flags(directory: str, index: int) -> list[str]:
             "--profile-ranks", "0", "1", "--tensorboard-dir", os.path.join(directory, str(index), "tensorboard")]
 
 
-def speed(layouts: list[int], profile_dir: str | None) -> list[str]:
-    results = []
+def speed(layouts: list[int], profile_dir: str | None, rounds: int = 1) -> list[str]:
+    """Each layout `rounds` times, interleaved (every layout once, then again): the ratios are taken per round
+    against that round's reference run, so that a drift of the machine between runs cancels."""
+    runs = {index: [] for index in layouts}  # per round: (tokens/s/GPU, peak GiB, losses)
+    for round_index in range(rounds):
+        for index in layouts:
+            name, flags = LAYOUTS[index]
+            profiled = profile_dir if round_index == 0 else None
+            if profiled:
+                flags = flags + profile_flags(profiled, index)
+            output = train(2, SPEED + flags, base=BASE, timeout=RUN_TIMEOUT_S, environment=ENVIRONMENT)
+            if profiled:
+                print_profile(name, output, os.path.join(profiled, str(index), "torch_profile", "rank-0.json.gz"))
+            runs[index].append((median_after_warmup(r"tokens/s/GPU: ([0-9.]+)", output), peak_gib(output),
+                                losses(output)))
+    reference = runs[layouts[0]]
+    rows = [f"{'layout':<34}{'tokens/s/GPU':>13}{'x dist-opt':>11}{'per round':>16}{'peak GiB':>10}"
+            f"{'max loss diff':>15}"]
     for index in layouts:
-        name, flags = LAYOUTS[index]
-        if profile_dir:
-            flags = flags + profile_flags(profile_dir, index)
-        output = train(2, SPEED + flags, base=BASE, timeout=RUN_TIMEOUT_S, environment=ENVIRONMENT)
-        for line in re.findall(r"^profile of iterations.*$", output, flags=re.MULTILINE):
-            print(f"{name}: {line}", flush=True)
-        trace = os.path.join(profile_dir or "", str(index), "torch_profile", "rank-0.json.gz")
-        if profile_dir and os.path.exists(trace):
-            result = communication_per_step(trace, steps=3)
-            exposed = ", ".join(f"{kind} {ms:.1f}" for kind, ms in result["exposed by collective"].items())
-            print(f"{name}: rank 0 ms/step: communication {result['comm ms/step']:.1f}, exposed "
-                  f"{result['exposed comm ms/step']:.1f} ({exposed}), GPU idle {result['idle ms/step']:.1f}",
-                  flush=True)
-        results.append((name, median_after_warmup(r"tokens/s/GPU: ([0-9.]+)", output), peak_gib(output),
-                        losses(output)))
-    reference_tokens, reference_losses = results[0][1], results[0][3]
-    rows = [f"{'layout':<34}{'tokens/s/GPU':>13}{'x dist-opt':>11}{'peak GiB':>10}{'max loss diff':>15}"]
-    for name, tokens, peak, curve in results:
-        worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference_losses))
-        rows.append(f"{name:<34}{tokens:>13.0f}{tokens / reference_tokens:>11.2f}{peak:>10.1f}{worst:>15.1e}")
+        ratios = [tokens / reference_tokens for (tokens, _, _), (reference_tokens, _, _) in zip(runs[index], reference)]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(runs[index][0][2], reference[0][2]))
+        rows.append(f"{LAYOUTS[index][0]:<34}{statistics.mean(run[0] for run in runs[index]):>13.0f}"
+                    f"{statistics.mean(ratios):>11.3f}{' '.join(f'{ratio:.2f}' for ratio in ratios):>16}"
+                    f"{max(run[1] for run in runs[index]):>10.1f}{worst:>15.1e}")
     return rows
+
+
+def print_profile(name: str, output: str, trace: str) -> None:
+    """The console's kernel summaries of a profiled run and, from rank 0's trace, its communication per step."""
+    for line in re.findall(r"^profile of iterations.*$", output, flags=re.MULTILINE):
+        print(f"{name}: {line}", flush=True)
+    if os.path.exists(trace):
+        result = communication_per_step(trace, steps=3)
+        exposed = ", ".join(f"{kind} {ms:.1f}" for kind, ms in result["exposed by collective"].items())
+        print(f"{name}: rank 0 ms/step: communication {result['comm ms/step']:.1f}, exposed "
+              f"{result['exposed comm ms/step']:.1f} ({exposed}), GPU idle {result['idle ms/step']:.1f}", flush=True)
 
 
 def largest(modes: list[str], first_layers: int) -> list[str]:
@@ -158,13 +173,15 @@ def main() -> int:
                             f"{index} {name}" for index, (name, _) in enumerate(LAYOUTS)) + " (the first is the "
                         "reference of the ratios)")
     parser.add_argument("--profile", metavar="DIR", help="speed: profile iterations 20-22 of each layout on both "
-                        "ranks, traces under DIR")
+                        "ranks (in the first round), traces under DIR")
+    parser.add_argument("--rounds", type=int, default=1, help="speed: run the layouts this many times, "
+                        "interleaved; the ratios are per round")
     options = parser.parse_args()
     sections = options.sections.split(",")
     if "speed" in sections:
         print("\nGPT 1.3B, bf16, seq 2048, micro batch 4 x 2 microbatches per GPU, DP=2:")
         layouts = [int(index) for index in options.layouts.split(",")]
-        print("\n".join(speed(layouts, options.profile)), flush=True)
+        print("\n".join(speed(layouts, options.profile, options.rounds)), flush=True)
     if "largest" in sections:
         print("\nLlama-style (h 4096, ffn 14336, seq 4096, micro batch 1), 2 GPUs, largest that trains:")
         print("\n".join(largest(options.modes.split(","), options.first_layers)), flush=True)
