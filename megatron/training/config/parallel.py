@@ -228,8 +228,21 @@ class DistributedConfig(Section):
         return {"transformer_pipeline_model_parallel_size": self.pipeline_model_parallel_size,
                 "expert_tensor_parallel_size": self.effective_expert_tensor_parallel_size,
                 "sequence_parallel": self.effective_sequence_parallel, **self._megatron_fsdp_values(),
+                "high_priority_stream_groups": self._high_priority_stream_groups(),
                 **{name: _MEGATRON_FSDP_DTYPES.get(getattr(self, name), getattr(self, name))
                    for name in _MEGATRON_FSDP_DTYPE_FIELDS}}
+
+    def _high_priority_stream_groups(self) -> list[str]:
+        """--high-priority-stream-groups, plus what Megatron-LM adds for FSDP: the data-parallel group dp_cp gets
+        high-priority streams, so that the collectives overlapped with compute are scheduled first. Its condition
+        reads `use_torch_fsdp2 or use_megatron_fsdp and arch >= 10`: always with --use-torch-fsdp2, with
+        --use-megatron-fsdp from Blackwell (compute capability 10) on. (It adds ep_dp with expert parallelism,
+        which FSDP refuses here.)"""
+        groups = list(self.high_priority_stream_groups)
+        if self.use_torch_fsdp2 or (self.use_megatron_fsdp and torch.cuda.is_available()
+                                    and torch.cuda.get_device_capability()[0] >= 10):
+            groups += [] if "dp_cp" in groups else ["dp_cp"]
+        return groups
 
     def _megatron_fsdp_values(self) -> dict:
         """--use-megatron-fsdp's strategy decides the optimizer: the distributed one for `optim` (as Megatron-LM

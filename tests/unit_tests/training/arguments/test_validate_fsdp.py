@@ -97,3 +97,17 @@ def test_megatron_fsdp_dtypes_built_or_refused(validated, strategy, dtypes, refu
     assert len(str(error.value).splitlines()) == 1 + len(refused)
     for name in refused:
         assert f"(--megatron-fsdp-{name}-dtype) bf16 is not supported yet" in str(error.value)
+
+
+@pytest.mark.parametrize("blackwell", [False, True])
+def test_fsdp_puts_the_data_parallel_collectives_on_high_priority_streams_as_megatron_does(validated, monkeypatch,
+                                                                                        blackwell):
+    """Megatron-LM's rule, as its code reads: always with --use-torch-fsdp2, with --use-megatron-fsdp from
+    compute capability 10 on; the user's groups are kept."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: blackwell)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *unused: (10, 0))
+    fsdp2 = validated(*MINIMAL, "--bf16", "--use-torch-fsdp2", "--high-priority-stream-groups", "tp")
+    assert fsdp2.high_priority_stream_groups == ["tp", "dp_cp"]
+    megatron_fsdp = validated(*MINIMAL, "--use-megatron-fsdp")
+    assert megatron_fsdp.high_priority_stream_groups == (["dp_cp"] if blackwell else [])
+    assert validated(*MINIMAL, "--use-distributed-optimizer").high_priority_stream_groups == []
