@@ -125,6 +125,8 @@ def test_summary_line_says_what_the_run_did(tmp_path):
     save = tmp_path / "ckpt"
     save.mkdir()
     (save / "latest_checkpointed_iteration.txt").write_text("10")
+    # Written by this run: a file system's coarser timestamps could put the write before `start`.
+    os.utime(save / "latest_checkpointed_iteration.txt", (start + 0.5, start + 0.5))
     run_summary.record_loaded_checkpoint(str(tmp_path / "old" / "iter_0000004"), 4, 16, weights_only=False)
     args = Namespace(load=str(tmp_path / "old"), save=str(save), curr_iteration=10, consumed_train_samples=40,
                      seq_length=16, rank=0)
