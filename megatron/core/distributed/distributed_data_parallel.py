@@ -109,6 +109,9 @@ class DistributedDataParallel(_BaseDataParallel):
     # Megatron-LM's DDP: stages after the first one reduce in one bucket (their reductions overlap other
     # microbatches' work anyway). Megatron-FSDP keeps bucket_size on every stage.
     one_bucket_after_first_stage = True
+    # A checkpoint is written from the whole params (gathered first with the distributed optimizer); a subclass
+    # may write each rank's shard instead.
+    saves_whole_params = True
 
     def __init__(
         self,

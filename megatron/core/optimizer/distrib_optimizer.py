@@ -135,17 +135,17 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
     def _add_shard(self, param: torch.nn.Parameter) -> torch.Tensor:
         piece = self.shard_ranges[param]
-        # This rank's piece of the bucket's param shard, the all-gather's input: the param's own memory, except
-        # where the params are sharded too and `param_shard` is the one persistent copy (fsdp/sharded_params.py).
-        model_shard = self._param_shards[param][piece.local_start : piece.local_end]
         if is_fp8_param(param):
             model_shard = param.detach().view(-1)[piece.param_start : piece.param_end]
             value = high_precision_value(param).reshape(-1)[piece.param_start : piece.param_end]
             main_shard = value.to(torch.float32, copy=True)
-        elif param.dtype in (torch.float16, torch.bfloat16):
-            main_shard = model_shard.clone().float()
-        elif param.dtype == torch.float32:
-            main_shard = model_shard  # Adam updates the param buffer in place
+        elif param.dtype in (torch.float16, torch.bfloat16, torch.float32):
+            # This rank's piece of the bucket's param shard, the all-gather's input: the param's own memory,
+            # except where the params are sharded too and `param_shard` is the one persistent copy
+            # (fsdp/sharded_params.py).
+            model_shard = self._param_shards[param][piece.local_start : piece.local_end]
+            # fp32: Adam updates the param buffer in place.
+            main_shard = model_shard if param.dtype == torch.float32 else model_shard.clone().float()
         else:
             raise ValueError(
                 f"parameters must be float32, float16 or bfloat16 for the distributed optimizer, got {param.dtype} "

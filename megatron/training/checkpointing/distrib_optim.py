@@ -23,7 +23,6 @@ import os
 import torch.distributed as dist
 
 from megatron.core.distributed import DistributedDataParallel
-from megatron.core.distributed.fsdp.sharded_params import ShardedParamDataParallel
 from megatron.training.checkpointing.files import load_checkpoint_file, save_atomically
 from megatron.training.checkpointing.layout import ensure_directory_exists
 
@@ -51,11 +50,11 @@ def _holds_state(state) -> bool:
 
 def finish_param_gathers(model) -> None:
     """Makes every param whole before it is saved: with --overlap-param-gather the all-gathers after the
-    last optimizer step would otherwise wait for the next forward. Not under ZeRO-3 on DDP's buffers
-    (ShardedParamDataParallel), which saves each rank's param shard, up to date after every step: gathering
-    the whole model there would take its full memory for nothing."""
+    last optimizer step would otherwise wait for the next forward. Not where each rank's param shard is saved
+    (`saves_whole_params` False: ZeRO-3 on DDP's buffers), up to date after every step: gathering the whole
+    model there would take its full memory for nothing."""
     for chunk in model if isinstance(model, list) else [model]:
-        if isinstance(chunk, DistributedDataParallel) and not isinstance(chunk, ShardedParamDataParallel):
+        if isinstance(chunk, DistributedDataParallel) and chunk.saves_whole_params:
             chunk.start_param_sync(force_sync=True)
 
 

@@ -239,9 +239,10 @@ class DistributedConfig(Section):
         --use-megatron-fsdp from Blackwell (compute capability 10) on. (It adds ep_dp with expert parallelism,
         which FSDP refuses here.)"""
         groups = list(self.high_priority_stream_groups)
-        if self.use_torch_fsdp2 or (self.use_megatron_fsdp and torch.cuda.is_available()
-                                    and torch.cuda.get_device_capability()[0] >= 10):
-            groups += [] if "dp_cp" in groups else ["dp_cp"]
+        fsdp = self.use_torch_fsdp2 or (self.use_megatron_fsdp and torch.cuda.is_available()
+                                        and torch.cuda.get_device_capability()[0] >= 10)
+        if fsdp and "dp_cp" not in groups:
+            groups.append("dp_cp")
         return groups
 
     def _megatron_fsdp_values(self) -> dict:

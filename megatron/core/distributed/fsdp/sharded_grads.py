@@ -72,10 +72,7 @@ class _ShardedGradBucket(_ParamAndGradBucket):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._storage_bytes = self.grad_data.untyped_storage().nbytes()
-        covered = torch.zeros(self.grad_data.numel(), dtype=torch.bool)
-        for start, end in self.param_to_index.values():
-            covered[start:end] = True
-        self._padding = (~covered).nonzero().flatten().to(self.grad_data.device)  # the elements of no param
+        self._padding = self._padding_index()
         self.grad_shard = torch.zeros(self.grad_data.numel() // self.data_parallel_world_size, dtype=torch.float32,
                                       device=self.grad_data.device)
         self._reduced: Optional[torch.Tensor] = None  # the reduce-scatter's output while in flight
@@ -83,6 +80,16 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         # directly (no zeroing, no separate output, no addition), or is copied in (a bf16 reduction).
         self._shard_empty = True
         self.release()
+
+    def _padding_index(self) -> torch.Tensor:
+        """The elements of the bucket that belong to no param (alignment gaps and the end), as indices."""
+        gaps, position, numel = [], 0, self.grad_data.numel()
+        for start, end in sorted(self.param_to_index.values()) + [(numel, numel)]:
+            if start > position:
+                gaps.append(torch.arange(position, start))
+            position = max(position, end)
+        index = torch.cat(gaps) if gaps else torch.empty(0, dtype=torch.long)
+        return index.to(self.grad_data.device)
 
     @property
     def materialized(self) -> bool:

@@ -139,6 +139,7 @@ class ShardedParamDataParallel(ShardedGradDataParallel):
     """ZeRO-3 on DDP's buffers (module docstring); takes ShardedGradDataParallel's arguments and config."""
 
     buffer_class = _ShardedParamBuffer
+    saves_whole_params = False  # checkpoints are written from `param_shard` (module docstring)
 
     def __init__(self, config, ddp_config, module: torch.nn.Module, disable_bucketing: bool = False):
         unsupported = {"--fp8-param-gather": ddp_config.fp8_param_gather,
