@@ -141,7 +141,8 @@ class DotProductAttention(MegatronModule):
             with _dropout_rng(dropout_p):
                 seed = int(torch.randint(0, 2**62, (1,), device=query.device).item())
         return context_parallel_attention(
-            query, key, value, self.softmax_scale, causal, comm_type, dropout_p=dropout_p, dropout_seed=seed
+            query, key, value, self.softmax_scale, causal, comm_type, dropout_p=dropout_p, dropout_seed=seed,
+            use_cudnn=self.backend is not AttnBackend.flash,
         )
 
     def _sdpa(self, q, k, v, attention_mask, causal, dropout_p):

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from megatron.core.transformer import dot_product_attention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -102,3 +103,18 @@ def test_sliding_window(backend, window, mask_type):
     attention = _attention(backend, mask_type, window_size=window)
     torch.testing.assert_close(attention(query, key, value, None).double(),
                                _reference(query, key, value, masked.expand(B, 1, S, S)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, use_cudnn", [("auto", True), ("fused", True), ("flash", False)])
+def test_context_parallel_blocks_follow_the_attention_backend(monkeypatch, backend, use_cudnn):
+    """--attention-backend flash keeps context-parallel attention in the flash kernel; the others let its blocks
+    take cuDNN's (context_parallel/block_attention.py)."""
+    calls = []
+
+    def record(query, key, value, scale, causal, comm_type, **options):
+        calls.append(options)
+        return torch.zeros(query.size(0), query.size(1), NP * HN)
+
+    monkeypatch.setattr(dot_product_attention, "context_parallel_attention", record)
+    _attention(backend, context_parallel_size=2)(*_qkv(), None)
+    assert calls[0]["use_cudnn"] is use_cudnn

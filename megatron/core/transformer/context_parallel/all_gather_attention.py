@@ -26,21 +26,22 @@ def _gathered_in_sequence_order(local: torch.Tensor, group, cp_size: int) -> tor
 
 def all_gather_attention(
     query, key, value, scale: float, causal: bool, group, cp_rank: int, cp_size: int,
-    dropout_p: float = 0.0, seed: int | None = None,
+    dropout_p: float = 0.0, seed: int | None = None, use_cudnn: bool = True,
 ):
     """query [2n, b, np, d], key/value [2n, b, ng, d] (this rank's chunks) -> O [b, ng, np/ng, 2n, d].
-    Attention dropout with probability `dropout_p` draws its masks from `seed` (and `seed` + 1)."""
+    Attention dropout with probability `dropout_p` draws its masks from `seed` (and `seed` + 1);
+    `use_cudnn=False` keeps cuDNN's kernel out (block_attention.py)."""
     q = grouped_queries(query, key.size(2))
     k = grouped_keys(_gathered_in_sequence_order(key, group, cp_size))
     v = grouped_keys(_gathered_in_sequence_order(value, group, cp_size))
     if not causal:
-        return BlockAttention.apply(q, k, v, scale, None, dropout_p, seed)
+        return BlockAttention.apply(q, k, v, scale, None, dropout_p, seed, use_cudnn)
     n = query.size(0) // 2
     outputs = []
     for half, (rows, chunk) in enumerate(zip((slice(0, n), slice(n, 2 * n)), chunks_of_cp_rank(cp_rank, cp_size))):
         keys = slice(0, (chunk + 1) * n)
         outputs.append(BlockAttention.apply(
             q[..., rows, :], k[..., keys, :], v[..., keys, :], scale, chunk * n, dropout_p,
-            None if seed is None else seed + half,
+            None if seed is None else seed + half, use_cudnn,
         ))
     return torch.cat(outputs, dim=-2)

@@ -62,12 +62,14 @@ def context_parallel_attention(
     group=None,
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
+    use_cudnn: bool = True,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale [+ causal mask]) V over the whole sequence, for this rank's queries.
 
     query [2n, b, np, d], key/value [2n, b, ng, d]: this CP rank's chunks r and 2c-1-r, n tokens each.
     Returns the context [2n, b, np * d]. `group` defaults to the CP group of parallel_state. Attention
     dropout with probability `dropout_p` needs `dropout_seed`; each CP rank derives its own masks from it.
+    `use_cudnn=False` (--attention-backend flash) keeps the blocks in the flash kernel (block_attention.py).
     """
     group = parallel_state.get_context_parallel_group() if group is None else group
     if dropout_p > 0 and dropout_seed is None:
@@ -80,12 +82,12 @@ def context_parallel_attention(
         groups = key.size(2)
         out = RingAttention.apply(
             grouped_queries(query, groups), grouped_keys(key), grouped_keys(value), softmax_scale, causal, group,
-            dropout_p, seed,
+            dropout_p, seed, use_cudnn,
         )
     elif comm_type == "all_gather":
         out = all_gather_attention(
             query, key, value, softmax_scale, causal, group, dist.get_rank(group), dist.get_world_size(group),
-            dropout_p, seed,
+            dropout_p, seed, use_cudnn,
         )
     else:
         raise ValueError(f"cp_comm_type {comm_type!r} is not supported yet; use p2p or all_gather")

@@ -75,10 +75,12 @@ def _step_blocks(step: int, neighbours: _RingNeighbours, causal: bool, n: int):
 
 class RingAttention(torch.autograd.Function):
     """q [b, g, r, 2n, d], k and v [b, g, 1, 2n, d] (this rank's two chunks) -> O [b, g, r, 2n, d].
-    Attention dropout with probability `dropout_p` draws its masks from `seed`, block after block."""
+    Attention dropout with probability `dropout_p` draws its masks from `seed`, block after block;
+    `use_cudnn=False` keeps cuDNN's kernel out of the blocks (block_attention.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, causal: bool, group, dropout_p: float = 0.0, seed: int | None = None):
+    def forward(ctx, q, k, v, scale: float, causal: bool, group, dropout_p: float = 0.0, seed: int | None = None,
+                use_cudnn: bool = True):
         neighbours = _RingNeighbours(group)
         dropout = dropout_masks(dropout_p, seed, q.device)
         n = q.size(-2) // 2
@@ -89,7 +91,8 @@ class RingAttention(torch.autograd.Function):
                 incoming, requests = neighbours.start(key_values)
             rows, columns, offset = _step_blocks(step, neighbours, causal, n)
             block_out, block_lse = block_attention_forward(
-                q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :], scale, offset, dropout
+                q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :], scale, offset, dropout,
+                use_cudnn,
             )
             if step == 0:  # step 0 covers every row, so each row has a finite lse from here on
                 out, lse = block_out, block_lse
@@ -100,7 +103,7 @@ class RingAttention(torch.autograd.Function):
                 key_values = incoming
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.group, ctx.dropout = scale, causal, group, dropout
+        ctx.scale, ctx.causal, ctx.group, ctx.dropout, ctx.use_cudnn = scale, causal, group, dropout, use_cudnn
         return out
 
     @staticmethod
@@ -118,7 +121,7 @@ class RingAttention(torch.autograd.Function):
             rows, columns, offset = _step_blocks(step, neighbours, ctx.causal, n)
             block_dq, block_dk, block_dv = block_attention_backward(
                 dout[..., rows, :], q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :],
-                out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout,
+                out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout, ctx.use_cudnn,
             )
             dq[..., rows, :] += block_dq
             # The accumulator of this block's dK/dV arrives from the rank that held the block one step ago.
@@ -135,4 +138,4 @@ class RingAttention(torch.autograd.Function):
                 key_values = incoming
         neighbours.finish(grad_requests)  # after c hops each accumulator is back with its owner
         dk, dv = incoming_grads
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None

@@ -1,13 +1,14 @@
-"""The flash-kernel path of block_attention.py against the tiled path and plain attention.
+"""The fused-kernel paths of block_attention.py against the tiled path and plain attention.
 
-Each test runs twice:
+Each test runs three times:
 - "cpu" (CI): fp32 on the CPU, with PyTorch's CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu`
   and its backward) in place of the CUDA one, so that everything around the kernel (the split of an offset
   causal block into two calls, the merge, grouped heads, dq/dk/dv assembly, the ring order) is tested
   here. Tolerance 1e-5 relative to the largest entry.
-- "cuda" (`@pytest.mark.gpu`): bf16 through the real CUDA kernels. Tolerance 3e-2 relative to the largest
-  entry (bf16 keeps 8 bits: the kernel rounds P, O and the gradients to bf16, the references compute in
-  fp32 from the same bf16 inputs; the CPU kernel in bf16 stays within 9e-3 on these cases, a wrong mask
+- "cuda-cudnn" and "cuda-flash" (`@pytest.mark.gpu`): bf16 through the real CUDA kernels, cuDNN's (which
+  must be the one chosen on sm90+) and FlashAttention-2 (cuDNN's turned off). Tolerance 3e-2 relative to the
+  largest entry (bf16 keeps 8 bits: the kernel rounds P, O and the gradients to bf16, the references compute
+  in fp32 from the same bf16 inputs; the CPU kernel in bf16 stays within 9e-3 on these cases, a wrong mask
   or a lost piece is off by 0.5 and more).
 The references are plain softmax(QK^T * scale + mask) V in fp32 (blocks) and SDPA on the whole sequence (ring).
 """
@@ -29,9 +30,7 @@ from megatron.core.transformer.context_parallel.ring_attention import _step_bloc
 from megatron.core.transformer.context_parallel.tiled_block_attention import tiled_backward, tiled_forward
 
 BF16_TOLERANCE = 3e-2
-CUDA = pytest.param(
-    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-)
+_GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _cpu_forward_kernel(q, k, v, scale, causal, dropout_p):
@@ -46,15 +45,22 @@ def _cpu_backward_kernel(dout, q, k, v, out, lse, scale, causal, dropout_p, phil
     )
 
 
-@pytest.fixture(params=["cpu", CUDA])
+@pytest.fixture(params=["cpu", pytest.param("cuda-cudnn", marks=_GPU_MARKS),
+                        pytest.param("cuda-flash", marks=_GPU_MARKS)])
 def kernel(request, monkeypatch):
-    """(device, dtype, tolerance); on the CPU the CPU flash kernel stands in for the CUDA one."""
+    """(device, dtype, tolerance, the fused kernel that must run); on the CPU the CPU flash kernel stands in
+    for the CUDA one."""
     if request.param == "cpu":
         monkeypatch.setattr(block_attention, "_flash_kernel_takes", lambda q, k, v: True)
         monkeypatch.setattr(block_attention, "_flash_forward_kernel", _cpu_forward_kernel)
         monkeypatch.setattr(block_attention, "_flash_backward_kernel", _cpu_backward_kernel)
-        return "cpu", torch.float32, 1e-5
-    return "cuda", torch.bfloat16, BF16_TOLERANCE
+        return "cpu", torch.float32, 1e-5, "flash"
+    if request.param == "cuda-flash":
+        monkeypatch.setattr(block_attention, "_cudnn_kernel_takes", lambda q, dropout: False)
+        return "cuda", torch.bfloat16, BF16_TOLERANCE, "flash"
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuDNN's attention kernel is used from sm90 on")
+    return "cuda", torch.bfloat16, BF16_TOLERANCE, "cudnn"
 
 
 def _assert_close(got, want, tolerance, what):
@@ -88,14 +94,14 @@ BLOCKS = {
 @pytest.mark.parametrize("case", list(BLOCKS))
 def test_flash_block_equals_tiled_block_and_plain_attention(kernel, case):
     """One block whose rows see all their keys: O and lse of the forward, and dq/dk/dv, on both paths."""
-    device, dtype, tolerance = kernel
+    device, dtype, tolerance, fused = kernel
     groups, per_group, rows, keys, offset, head_dim = BLOCKS[case]
     generator = torch.Generator().manual_seed(7)
     q = _random((2, groups, per_group, rows, head_dim), device, dtype, generator)
     k, v = (_random((2, groups, 1, keys, head_dim), device, dtype, generator) for _ in range(2))
     dout = torch.randn(q.shape, generator=generator).to(device=device, dtype=dtype)
     scale = head_dim**-0.5
-    assert block_attention._runs_in_flash_kernel(q, k, v, offset)
+    assert block_attention._fused_kernel(q, k, v, offset, None, use_cudnn=True) == fused
 
     reference = _plain_attention(q, k, v, scale, offset)
     reference_grads = torch.autograd.grad(reference, (q, k, v), dout.float())
@@ -154,12 +160,13 @@ def _ring_on_one_device(q, k, v, dout, cp_size, scale):
 @pytest.mark.parametrize("cp_size", [2, 4])
 def test_ring_of_flash_blocks_equals_sdpa_on_the_whole_sequence(kernel, cp_size):
     """Causal GQA attention of one 256-token sequence, cut into 2 x CP chunks: forward and backward."""
-    device, dtype, tolerance = kernel
+    device, dtype, tolerance, fused = kernel
     generator = torch.Generator().manual_seed(3)
     q = _random((2, 2, 2, 256, 64), device, dtype, generator)
     k, v = (_random((2, 2, 1, 256, 64), device, dtype, generator) for _ in range(2))
     dout = torch.randn(q.shape, generator=generator).to(device=device, dtype=dtype)
     scale = 64**-0.5
+    assert block_attention._fused_kernel(q[..., :128, :], k[..., :128, :], v[..., :128, :], 0, None, True) == fused
     with torch.no_grad():
         got = _ring_on_one_device(q, k, v, dout, cp_size, scale)
     reference = torch.nn.functional.scaled_dot_product_attention(
