@@ -259,7 +259,8 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
         one = bench.run("CP ref: one GPU, 12 layers, seq 32768", 1, long, count=10)
-        bench.ratio(bench.run("CP=2 ring, seq 32768", 2, long + ["--context-parallel-size", "2"], count=10), one)
+        bench.ratio(bench.run("CP=2 ring, seq 32768", 2, long + ["--context-parallel-size", "2"], count=15,
+                              profile=True), one)
     if "ep" in extras:
         moe = MIXTRAL + ["--num-layers", "8"]
         one = bench.run("EP ref: MoE 8 layers, EP=1, one GPU", 1, moe + ["--global-batch-size", "2"], count=10)
