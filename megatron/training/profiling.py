@@ -178,7 +178,10 @@ class LoopInstrumentation:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.torch_profiler = torch.profiler.profile(activities=activities, record_shapes=False)
+            self.torch_profiler = torch.profiler.profile(
+                activities=activities, record_shapes=self.args.pytorch_profiler_collect_shapes,
+                with_stack=self.args.pytorch_profiler_collect_callstack,
+            )
             self.torch_profiler.start()
         elif torch.cuda.is_available():
             torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStart())

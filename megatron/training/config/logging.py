@@ -92,6 +92,13 @@ class LoggingConfig(Section):
     """With --profile: torch.profiler, a Chrome trace per rank in <tensorboard-dir>/../torch_profile/ and a
     kernel-time summary on the console."""
 
+    pytorch_profiler_collect_shapes: bool = False
+    """--use-pytorch-profiler records each op's input shapes (`record_shapes`)."""
+
+    pytorch_profiler_collect_callstack: bool = False
+    """--use-pytorch-profiler records the Python call stack of each op (`with_stack`): the trace then names the
+    line that launched each kernel."""
+
     profile_ranks: list[int] = flag(default_factory=list, nargs="+")
     """Global ranks to profile (and to record memory history on); none given: all ranks."""
 

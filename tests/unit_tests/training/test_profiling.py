@@ -1,6 +1,8 @@
 """The loop's profiling and garbage-collection flags (megatron/training/profiling.py)."""
 
 import gc
+import gzip
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +15,8 @@ from megatron.training.arguments import parse_args, validate_args
 def _args(**overrides):
     values = dict(profile=False, use_pytorch_profiler=False, profile_step_start=2, profile_step_end=4,
                   profile_ranks=[], tensorboard_dir=None, manual_gc=False, manual_gc_interval=0,
-                  manual_gc_eval=True)
+                  manual_gc_eval=True, pytorch_profiler_collect_shapes=False,
+                  pytorch_profiler_collect_callstack=False)
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -40,6 +43,22 @@ def test_pytorch_profiler_covers_iterations_start_to_end_minus_one(tmp_path, cap
     assert seen == [False, True, True, False, False, False]
     assert (tmp_path / "torch_profile" / "rank-0.json.gz").exists()
     assert "profile of iterations 2-3, rank 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("collect", [False, True])
+def test_pytorch_profiler_collects_shapes_and_call_stacks_on_request(tmp_path, monkeypatch, collect):
+    """--pytorch-profiler-collect-shapes / -callstack: the trace's ops carry input shapes and the Python lines
+    that called them (Megatron-LM's flags)."""
+    monkeypatch.chdir(tmp_path)
+    instrumentation = profiling.LoopInstrumentation(_args(profile=True, use_pytorch_profiler=True,
+                                                          pytorch_profiler_collect_shapes=collect,
+                                                          pytorch_profiler_collect_callstack=collect))
+    _run_loop(instrumentation, 4, lambda: torch.ones(4, 3).sum())
+    with gzip.open(tmp_path / "torch_profile" / "rank-0.json.gz", "rt") as trace:
+        events = json.load(trace)["traceEvents"]
+    sums = [event for event in events if event.get("name") == "aten::sum"]
+    assert sums and all(("Input Dims" in event.get("args", {})) is collect for event in sums)
+    assert any(event.get("cat") == "python_function" for event in events) is collect
 
 
 def test_profiling_stops_when_the_loop_ends_inside_the_window(tmp_path, monkeypatch):
