@@ -1,0 +1,88 @@
+"""Which Python lines launched the kernels of a trace: time and count per call stack.
+
+    python tools/bench/kernel_sources.py TRACE.json.gz 'FillFunctor'          # kernels whose name matches
+    python tools/bench/kernel_sources.py TRACE.json.gz 'aten::fill_' --cpu-ops  # CPU ops instead (CPU runs)
+
+TRACE is a `torch.profiler` Chrome trace written with the Python call stacks, e.g. by
+`pretrain_gpt.py --profile --use-pytorch-profiler --pytorch-profiler-collect-callstack`. A kernel is tied to
+its launch (the CUDA runtime call with the same correlation id) and the launch to the Python functions whose
+intervals contain it on the same thread; each distinct stack (innermost --depth frames of our code) gets the
+kernels' total time and count. With --cpu-ops the pattern matches CPU op names, each op's own stack.
+"""
+
+import argparse
+import collections
+import gzip
+import json
+import re
+
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+KERNEL_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+
+
+def load_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as trace:
+        return json.load(trace)["traceEvents"]
+
+
+def _frames_by_thread(events: list[dict]) -> dict:
+    """tid -> python_function events sorted by start (outer before inner at equal starts)."""
+    frames = collections.defaultdict(list)
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") == "python_function":
+            frames[event["tid"]].append(event)
+    for thread in frames.values():
+        thread.sort(key=lambda event: (event["ts"], -event["dur"]))
+    return frames
+
+
+def _stack_at(frames: list[dict], timestamp: float, depth: int) -> tuple:
+    """The innermost `depth` Python frames containing `timestamp` (of the repository's code where it shows)."""
+    enclosing = [frame["name"] for frame in frames if frame["ts"] <= timestamp <= frame["ts"] + frame["dur"]]
+    ours = [name for name in enclosing if "megatron/" in name or "pretrain_" in name] or enclosing
+    return tuple(ours[-depth:])
+
+
+def kernel_sources(events: list[dict], pattern: str, depth: int = 4, cpu_ops: bool = False) -> list:
+    """[(total us, count, stack)] of the matching kernels (or CPU ops), the largest first."""
+    matcher = re.compile(pattern)
+    frames = _frames_by_thread(events)
+    if cpu_ops:
+        anchors = [(event["tid"], event["ts"], event["dur"]) for event in events
+                   if event.get("ph") == "X" and event.get("cat") == "cpu_op" and matcher.search(event["name"])]
+    else:
+        launches = {event["args"]["correlation"]: event for event in events
+                    if event.get("cat") in LAUNCH_CATEGORIES and "correlation" in event.get("args", {})}
+        anchors = []
+        for event in events:
+            if event.get("cat") in KERNEL_CATEGORIES and matcher.search(event.get("name", "")):
+                launch = launches.get(event.get("args", {}).get("correlation"))
+                if launch is not None:
+                    anchors.append((launch["tid"], launch["ts"], event["dur"]))
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for thread, timestamp, duration in anchors:
+        total = totals[_stack_at(frames.get(thread, []), timestamp, depth)]
+        total[0] += duration
+        total[1] += 1
+    return sorted(((total, count, stack) for stack, (total, count) in totals.items()), reverse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace", help="torch.profiler Chrome trace (.json or .json.gz), with call stacks")
+    parser.add_argument("pattern", help="regular expression matched against kernel (or CPU op) names")
+    parser.add_argument("--depth", type=int, default=4, help="innermost Python frames per stack")
+    parser.add_argument("--cpu-ops", action="store_true", help="match CPU ops instead of kernels")
+    parser.add_argument("--top", type=int, default=15, help="stacks printed")
+    args = parser.parse_args()
+    rows = kernel_sources(load_events(args.trace), args.pattern, args.depth, args.cpu_ops)
+    if not rows:
+        print(f"nothing matches {args.pattern!r} with a launch and a Python stack (was the trace written with "
+              "--pytorch-profiler-collect-callstack?)")
+    for total, count, stack in rows[:args.top]:
+        print(f"{total / 1e3:9.3f} ms {count:6d}x  " + "\n                        ".join(stack or ("(no Python frame)",)))
+
+
+if __name__ == "__main__":
+    main()
