@@ -81,7 +81,8 @@ def main() -> None:
         print(f"nothing matches {args.pattern!r} with a launch and a Python stack (was the trace written with "
               "--pytorch-profiler-collect-callstack?)")
     for total, count, stack in rows[:args.top]:
-        print(f"{total / 1e3:9.3f} ms {count:6d}x  " + "\n                        ".join(stack or ("(no Python frame)",)))
+        frames = stack or ("(no Python frame)",)
+        print(f"{total / 1e3:9.3f} ms {count:6d}x  " + "\n                        ".join(frames))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ ColumnParallelLinear (fc1, h -> 4h) -> GELU -> RowParallelLinear (fc2, 4h -> h),
    20 after 5 warm-up, per implementation, and the same local GEMMs with no communication (the floor: what
    TP would cost if communication were free). Efficiency = floor / time.
 3. The same, captured once in a CUDA graph and replayed (CUDA only): the time without the host's launches,
-   which a `--cuda-graph-impl full_iteration` run would see, or why the capture failed (the full-iteration
-   graph refuses --tp-comm-overlap until its implementations are shown to capture).
+   which a `--cuda-graph-impl full_iteration` run would see, or why the capture failed; and, in fp32 at the
+   shapes of 1., the replay's output and gradients for two new inputs copied into the captured ones against
+   plain's eager results on those inputs (the full-iteration graph refuses --tp-comm-overlap until its
+   implementations are shown to capture and replay correctly).
 
 The implementations run on separate TP groups of the same two ranks: the overlap implementation is chosen
 once per group (comm_overlap.py), and MEGATRON_TP_COMM_OVERLAP_IMPL=chunked makes the second group's chunked.
@@ -82,6 +84,15 @@ def median_ms(function, warmup: int = 5, repeats: int = 20) -> float:
 def graphed_ms(function) -> float | str:
     """`function` captured in a CUDA graph (after warm-up on the capture's side stream) and replayed: median ms
     of a replay, or why the capture failed."""
+    try:
+        graph = _captured(function)
+    except RuntimeError as error:
+        return f"capture failed: {str(error).splitlines()[0][:160]}"
+    return median_ms(graph.replay)
+
+
+def _captured(function):
+    """`function` after warm-up on a side stream, captured in a CUDA graph (raises RuntimeError on failure)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -89,12 +100,45 @@ def graphed_ms(function) -> float | str:
             function()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        function()
+    return graph
+
+
+def replay_difference(group, plain_group, rank: int) -> float | str:
+    """Max abs difference between a graph replay of the overlapped fp32 MLP step (on `group`) and plain's eager
+    step (on `plain_group`), output and all gradients, for two inputs copied into the captured buffers."""
+    layers, plain = mlp(group, True, 256, torch.float32), mlp(plain_group, False, 256, torch.float32)
+    x = torch.zeros(128, 2, 256, device=DEVICE, requires_grad=True)
+    grad = torch.zeros(128, 2, 256, device=DEVICE)
+    parameters = [p for layer in layers for p in layer.parameters()]
+    outputs = []
+
+    def captured_step():
+        for tensor in parameters + [x]:
+            tensor.grad = None  # the backward allocates fresh gradients: replays rewrite the same ones
+        outputs[:] = [step(layers, x, grad)]
+
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            function()
+        graph = _captured(captured_step)
     except RuntimeError as error:
         return f"capture failed: {str(error).splitlines()[0][:160]}"
-    return median_ms(graph.replay)
+    worst = 0.0
+    for seed in (1, 2):
+        generator = torch.Generator().manual_seed(seed)
+        x_full, grad_full = torch.randn(256, 2, 256, generator=generator), torch.randn(256, 2, 256, generator=generator)
+        with torch.no_grad():
+            x.copy_(x_full.chunk(2)[rank])
+            grad.copy_(grad_full.chunk(2)[rank])
+        graph.replay()
+        got = [outputs[0], x.grad] + [p.grad for p in parameters]
+        x_eager = x_full.chunk(2)[rank].to(DEVICE).requires_grad_(True)
+        for layer in plain:
+            layer.zero_grad(set_to_none=True)
+        want = [step(plain, x_eager, grad_full.chunk(2)[rank].to(DEVICE)), x_eager.grad]
+        want += [p.grad for layer in plain for p in layer.parameters()]
+        worst = max(worst, max((a - b).abs().max().item() for a, b in zip(got, want)))
+    return worst
 
 
 def floor_step(sequence: int, batch: int, hidden: int, dtype):
@@ -158,6 +202,10 @@ def main() -> None:
             ms = graphed_ms(lambda: step(layers, x, grad))
             lines.append(f"  {name:<17} " + (ms if isinstance(ms, str) else
                                               f"{ms:7.2f} ms   {100 * floor / ms:5.1f}% of the GEMM-only time"))
+        for name in names[1:]:
+            difference = replay_difference(groups[name], groups["plain"], rank)
+            lines.append(f"fp32 {name}, graph replay vs plain eager: " + (
+                difference if isinstance(difference, str) else f"max abs difference {difference:.2e}"))
     if rank == 0:
         print("\n".join(lines), flush=True)
     parallel_state.destroy_model_parallel()
