@@ -22,14 +22,14 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 | PP=2 1F1B, 8 micro batches | 2 | 32 | ideal step / step, ideal = one GPU's step / 2 x (m + p - 1) / m |
 | PP=2 interleaved, 2 virtual stages | 2 | 32 | same ideal (the interleaved bubble is smaller: above 100% is possible) |
 
---extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond
-its tokens), graph (one GPU, TP=2 + SP and TP=2 with `--cuda-graph-impl full_iteration`, against the one-GPU
-graph row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one
-GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b
-(Llama-style 8B at TP=2 + SP, full recompute to fit 2 x 80 GB, against TP=1 of the same layer shapes with 4
-layers: TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the data-parallel groups' NCCL
-kernels capped at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority streams,
-`--high-priority-stream-groups dp dp_cp`).
+--extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond its
+tokens), graph (one GPU, TP=2 + SP and TP=2 with `--cuda-graph-impl full_iteration`, against the one-GPU graph
+row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that
+one GPU fits seq 32768: CP=2 ring against one GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1
+on one GPU, the same tokens per GPU), 8b (Llama-style 8B at TP=2 + SP with bf16 Adam moments to fit 2 x 80 GB,
+eager and graphed, against TP=1 of the same layer shapes with 4 layers: TFLOP/s/GPU, since the layer counts
+differ), nccl (the DP=2 row with the data-parallel groups' NCCL kernels capped at 8 CTAs,
+`--nccl-communicator-config-path`, and on high-priority streams, `--high-priority-stream-groups dp dp_cp`).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
 of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
@@ -278,11 +278,17 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
         bench.ratio(bench.run("DP=2, high-priority dp/dp_cp streams", 2,
                               dp + ["--high-priority-stream-groups", "dp", "dp_cp"], count=20), one)
     if "8b" in extras:
-        recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
-                     "--global-batch-size", "1"]
-        one = bench.run("8B ref: 4 layers of the 8B, TP=1", 1, LLAMA_8B + recompute + ["--num-layers", "4"], count=10)
-        row = bench.run("Llama 8B, TP=2 + SP, full recompute", 2, LLAMA_8B + recompute + TP2 + SP, count=10)
-        bench.ratio(row, one, key="TFLOP/s/GPU")
+        # Adam's moments in bf16 (the precision-aware optimizer) fit the 8B at TP=2 on 2 x 80 GB without
+        # recomputation (--dry-run: 68.7 GiB per GPU; 83.7 with fp32 moments), which also lets the graph take it.
+        lean = ["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                "--exp-avg-sq-dtype", "bf16", "--global-batch-size", "1"]
+        graph = ["--cuda-graph-impl", "full_iteration"]
+        for mode, flags in (("", []), (", CUDA graph", graph)):
+            one = bench.run(f"8B ref: 4 layers of the 8B, TP=1{mode}", 1,
+                            LLAMA_8B + lean + flags + ["--num-layers", "4"], count=10)
+            row = bench.run(f"Llama 8B, TP=2 + SP{mode}", 2, LLAMA_8B + lean + flags + TP2 + SP, count=10,
+                            profile=not flags)
+            bench.ratio(row, one, key="TFLOP/s/GPU")
 
 
 def table(rows: list[dict]) -> str:
