@@ -19,9 +19,10 @@ Parameter all-gather (distributed optimizer), after rank r updated shard r of pa
 
     all_gather(param_data[r*S : (r+1)*S]) -> param_data
 
-With overlap_param_gather it is deferred to the next forward: the pre-hook of the first module that uses
-a param of the bucket launches it (if not yet launched) and waits, then launches the gather of the next
-bucket forward will need (`next_param_gather_bucket`), which then runs while this bucket's layers compute.
+With overlap_param_gather it is deferred to the next forward (but for the first bucket forward needs, whose
+gather starts right after the optimizer step): the pre-hook of the first module that uses a param of the
+bucket launches it (if not yet launched) and waits, then launches the gather of the next bucket forward will
+need (`next_param_gather_bucket`), which then runs while this bucket's layers compute.
 """
 
 from typing import List, Optional
@@ -198,11 +199,13 @@ class _ParamAndGradBucket:
         if not self._wait_param_gather() and self.params_need_gather:
             self._start_param_gather(async_op=False)
 
-    def finish_param_sync(self) -> None:
-        """Forward pre-hook side: this bucket's params must be whole; prefetches the next bucket's gather."""
+    def prefetch_param_gather(self) -> None:
+        """Starts the deferred gather of this bucket's params (asynchronously; a no-op when none is due)."""
         if self.params_need_gather:
             self._start_param_gather(async_op=True)
-        if self._wait_param_gather():
-            following = self.next_param_gather_bucket
-            if following is not None and following.params_need_gather:
-                following._start_param_gather(async_op=True)
+
+    def finish_param_sync(self) -> None:
+        """Forward pre-hook side: this bucket's params must be whole; prefetches the next bucket's gather."""
+        self.prefetch_param_gather()
+        if self._wait_param_gather() and self.next_param_gather_bucket is not None:
+            self.next_param_gather_bucket.prefetch_param_gather()

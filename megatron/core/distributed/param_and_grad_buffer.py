@@ -189,9 +189,14 @@ class _ParamAndGradBuffer:
 
     def start_param_sync(self) -> None:
         """After a distributed-optimizer step: gathers every bucket's params from their owners now, or with
-        overlap_param_gather leaves the gathers to the next forward's pre-hooks."""
+        overlap_param_gather leaves the gathers to the next forward's pre-hooks, except that of the first
+        bucket forward needs (the last one), which starts at once: it then runs while the host ends the step
+        and reads the next batch, instead of holding up the first layer (Megatron-LM starts it in that
+        layer's pre-hook)."""
         for bucket in self.buckets:
             bucket.request_param_gather(defer=self.ddp_config.overlap_param_gather)
+        if self.ddp_config.overlap_param_gather and self.buckets:
+            self.buckets[-1].prefetch_param_gather()
 
     def complete_param_sync(self) -> None:
         """Makes every param whole now (waits for gathers in flight, runs the deferred ones)."""

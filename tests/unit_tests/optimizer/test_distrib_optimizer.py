@@ -107,7 +107,9 @@ def check_param_gather_waits_for_the_next_forward():
     train(*overlapped, steps=2)
     train(*eager, steps=2)
     [buffer] = overlapped[0].buffers
-    assert len(buffer.buckets) > 1 and all(bucket.params_need_gather for bucket in buffer.buckets)
+    *deferred, first = buffer.buckets  # forward needs the last bucket first: its gather starts after the step
+    assert deferred and all(bucket.params_need_gather for bucket in deferred)
+    assert first.param_gather_handle is not None and not first.params_need_gather
     stale = [param.detach().clone() for param in overlapped[0].module.parameters()]
     assert not all(torch.equal(a, b) for a, b in zip(stale, eager[0].module.parameters())), "gathered too early"
     overlapped[0](torch.zeros(1, 8))  # the pre-hooks gather bucket by bucket
