@@ -261,7 +261,9 @@ def _fused_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout, kern
         dq = piece_dq if dq is None else dq.float() + piece_dq  # the pieces' key columns are disjoint
         dk.append(piece_dk)
         dv.append(piece_dv)
-    return dq.unflatten(1, (g, r)), torch.cat(dk, dim=2).unsqueeze(2), torch.cat(dv, dim=2).unsqueeze(2)
+    if len(pieces) > 1:
+        dk, dv = [torch.cat(dk, dim=2)], [torch.cat(dv, dim=2)]
+    return dq.unflatten(1, (g, r)), dk[0].unsqueeze(2), dv[0].unsqueeze(2)
 
 
 def block_attention_forward(

@@ -113,7 +113,7 @@ class RingAttention(torch.autograd.Function):
         dropout = None if ctx.dropout is None else ctx.dropout.replay()  # the forward's masks, in order
         n = q.size(-2) // 2
         key_values = torch.stack((k, v))
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq = None  # fp32; step 0 covers every row and writes it
         grad_requests = None
         for step in range(neighbours.size):
             if step + 1 < neighbours.size:
@@ -123,15 +123,21 @@ class RingAttention(torch.autograd.Function):
                 dout[..., rows, :], q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :],
                 out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout, ctx.use_cudnn,
             )
-            dq[..., rows, :] += block_dq
-            # The accumulator of this block's dK/dV arrives from the rank that held the block one step ago.
+            if dq is None:
+                dq = block_dq.float()
+            else:
+                dq[..., rows, :] += block_dq
+            # The accumulator of this block's dK/dV arrives from the rank that held the block one step ago; at
+            # step 0 (every column) it starts here.
             if grad_requests is None:
-                key_value_grads = torch.zeros((2,) + k.shape, dtype=torch.float32, device=k.device)
+                key_value_grads = torch.empty((2,) + k.shape, dtype=torch.float32, device=k.device)
+                key_value_grads[0].copy_(block_dk)
+                key_value_grads[1].copy_(block_dv)
             else:
                 neighbours.finish(grad_requests)
                 key_value_grads = incoming_grads
-            key_value_grads[0][..., columns, :] += block_dk
-            key_value_grads[1][..., columns, :] += block_dv
+                key_value_grads[0][..., columns, :] += block_dk
+                key_value_grads[1][..., columns, :] += block_dv
             incoming_grads, grad_requests = neighbours.start(key_value_grads)
             if step + 1 < neighbours.size:
                 neighbours.finish(requests)
