@@ -199,8 +199,8 @@ def _flash_backward_kernel(dout, q, k, v, out, lse, scale: float, causal: bool, 
 
 
 def _cudnn_forward_kernel(q, k, v, scale: float, causal: bool, dropout_p: float):
-    """_flash_forward_kernel's contract in cuDNN's kernel (no dropout: `_cudnn_kernel_takes`). The kernel
-    reads its inputs densely packed, hence the copies of row or column slices (a few MB against its ms)."""
+    """_flash_forward_kernel's contract in cuDNN's kernel (no dropout: `_cudnn_kernel_takes`). Its inputs go in
+    densely packed, the layout its tests use (a row or column slice is copied: a few MB against its ms)."""
     out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q.contiguous(), k.contiguous(), v.contiguous(), None, True, dropout_p, causal, False, scale=scale
     )
