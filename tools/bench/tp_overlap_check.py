@@ -18,6 +18,9 @@ ColumnParallelLinear (fc1, h -> 4h) -> GELU -> RowParallelLinear (fc2, 4h -> h),
    shapes of 1., the replay's output and gradients for two new inputs copied into the captured ones against
    plain's eager results on those inputs (the full-iteration graph refuses --tp-comm-overlap until its
    implementations are shown to capture and replay correctly).
+4. The collectives alone, at the message size of the MLP's (the [s/2, b, h] bf16 shard): all-gather and
+   reduce-scatter, median time and bus bandwidth (bytes each rank sends / time), eager and replayed from a
+   CUDA graph: how much of the GEMM-only gap the transfers themselves explain.
 
 The implementations run on separate TP groups of the same two ranks: the overlap implementation is chosen
 once per group (comm_overlap.py), and MEGATRON_TP_COMM_OVERLAP_IMPL=chunked makes the second group's chunked.
@@ -38,6 +41,7 @@ sys.path.insert(0, ROOT)  # runs from a clone without pip install
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, comm_overlap  # noqa: E402
+from megatron.core.tensor_parallel.mappings import all_gather_single, reduce_scatter_single  # noqa: E402
 from megatron.core.transformer.init_methods import init_method_normal  # noqa: E402
 
 
@@ -141,6 +145,21 @@ def replay_difference(group, plain_group, rank: int) -> float | str:
     return worst
 
 
+def collective_lines(group, shard: torch.Tensor) -> list[str]:
+    """Time of an all-gather of `shard` and a reduce-scatter into it over `group` (2 ranks), eager and graphed."""
+    gathered = shard.new_empty((2 * shard.size(0),) + shard.shape[1:])
+    sent = shard.numel() * shard.element_size()  # what each rank sends in either collective on 2 ranks
+    lines = []
+    for name, function in (("all-gather", lambda: all_gather_single(gathered, shard, group=group)),
+                           ("reduce-scatter", lambda: reduce_scatter_single(shard, gathered, group=group))):
+        for mode, ms in (("eager", median_ms(function)), ("graphed", graphed_ms(function) if CUDA else None)):
+            if isinstance(ms, float):
+                lines.append(f"  {name:<15}{mode:<8}{ms * 1e3:8.1f} us  {sent / ms / 1e6:7.1f} GB/s")
+            elif ms is not None:
+                lines.append(f"  {name:<15}{mode:<8}{ms}")
+    return lines
+
+
 def floor_step(sequence: int, batch: int, hidden: int, dtype):
     """The MLP's local GEMMs at TP=2 (the whole sequence, half the columns), no communication: forward and
     backward, as a function."""
@@ -206,6 +225,9 @@ def main() -> None:
             difference = replay_difference(groups[name], groups["plain"], rank)
             lines.append(f"fp32 {name}, graph replay vs plain eager: " + (
                 difference if isinstance(difference, str) else f"max abs difference {difference:.2e}"))
+    shard = torch.randn(sequence // 2, batch, hidden, device=DEVICE, dtype=torch.bfloat16)
+    lines.append(f"collectives of one [{sequence // 2}, {batch}, {hidden}] bf16 shard over 2 ranks:")
+    lines += collective_lines(groups["plain"], shard)
     if rank == 0:
         print("\n".join(lines), flush=True)
     parallel_state.destroy_model_parallel()
