@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from .harness import ROOT, read_scalars, run
-from .test_examples import _environment, _free_port, _run
+from .test_examples import _environment, _run
 
 TINY_ENCODER = [
     "--hidden-size", "64", "--num-attention-heads", "4", "--max-position-embeddings", "128",
@@ -124,7 +124,7 @@ def test_bert_at_tp2_under_torchrun_equals_tp1(tmp_path, sentence_data):
     common = TINY_BERT + data + ["--train-iters", "8", "--log-interval", "1", "--hidden-dropout", "0",
                                  "--attention-dropout", "0", "--use-cpu-initialization"]
     run("pretrain_bert.py", common + ["--tensorboard-dir", str(tmp_path / "tp1")])
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
           os.path.join(ROOT, "pretrain_bert.py"), *common, "--tensor-model-parallel-size", "2",
           "--tensorboard-dir", str(tmp_path / "tp2")], cwd=tmp_path)
     for tag in ("lm loss", "sop loss"):

@@ -6,7 +6,6 @@ checkpoint (model_optim_rng.pt + distrib_optim.pt) continues bit for bit.
 """
 
 import os
-import socket
 
 import pytest
 import torch
@@ -31,15 +30,9 @@ DATA_PARALLEL = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--over
                  "--ddp-bucket-size", "20000"]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _torchrun(args: list[str]) -> None:
     """`torchrun --nproc_per_node 2 pretrain_gpt.py <args>` on the CPU (torchrun is torch/distributed/run.py)."""
-    launcher = ["--nproc_per_node", "2", "--master_port", str(_free_port()), os.path.join(ROOT, "pretrain_gpt.py")]
+    launcher = ["--nproc_per_node", "2", "--standalone", os.path.join(ROOT, "pretrain_gpt.py")]  # a free port
     run(torch.distributed.run.__file__, launcher + args, env={"CUDA_VISIBLE_DEVICES": ""})
 
 

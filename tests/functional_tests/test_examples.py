@@ -247,8 +247,10 @@ def simple_loop_runs(tmp_path_factory):
     """The loop as one process (TP=1) and under torchrun with 2 ranks (TP=2): (output, checkpoint dir)."""
     work = tmp_path_factory.mktemp("simple_loop")
     single = _run([sys.executable, SIMPLE_LOOP, "--checkpoint-dir", "single"], cwd=work)
-    torchrun = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                     f"--master_port={_free_port()}", SIMPLE_LOOP, "--checkpoint-dir", "tp2"], cwd=work)
+    # --standalone: torchrun's store binds a free port itself (a port probed free beforehand can be taken by
+    # a concurrent test's run before torchrun binds it).
+    torchrun = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                     SIMPLE_LOOP, "--checkpoint-dir", "tp2"], cwd=work)
     return {"single": (single, work / "single"), "tp2": (torchrun, work / "tp2")}
 
 
