@@ -26,6 +26,7 @@ from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params
 from megatron.core.extensions import apex, flash_attn, transformer_engine
 from megatron.core.fp8 import Fp8Recipe
 from megatron.core.optimizer import adam_step_kernel
+from megatron.core.transformer.context_parallel import block_attention
 from megatron.doctor import ENVIRONMENT_VARIABLES
 from megatron.training.arguments.core_configs import ddp_config_from_args
 from megatron.training.batch_plan import BatchPlan
@@ -91,6 +92,10 @@ def _layout_lines(args, ranks: list) -> list:
 
 
 def _attention_kernels(args) -> str:
+    if args.context_parallel_size > 1:  # DotProductAttention hands every backend's attention to the blocks
+        comm_types = [args.cp_comm_type] if isinstance(args.cp_comm_type, str) else args.cp_comm_type
+        return (f"context-parallel blocks ({', '.join(dict.fromkeys(comm_types))}): "
+                f"{block_attention.describe_kernels(use_cudnn=args.attention_backend != 'flash')}")
     if args.attention_backend in ("unfused", "local"):
         return "unfused matmul-softmax-matmul (the explicit reference)"
     if torch.cuda.is_available():

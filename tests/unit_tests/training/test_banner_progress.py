@@ -81,6 +81,11 @@ def test_banner_names_the_kernels_of_attention_norms_and_optimizer(monkeypatch):
     text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
     assert f"  optimizer: {adam_step_kernel(device_type, True, True)}; apex FusedAdam is not used" in text
     assert ", bf16 moments; apex" in text
+    for backend, kernels in (("auto", "cuDNN's fused attention (sm90+"), ("flash", "PyTorch's FlashAttention-2")):
+        args = _args(monkeypatch, "--mock-data", "--bf16", "--attention-backend", backend)
+        args.context_parallel_size = 2  # (validation wants 2 ranks for it)
+        text = "\n".join(banner_lines(args, _ranks(1), num_microbatches=2))
+        assert f"  attention: context-parallel blocks (p2p): {kernels}" in text
     load_flash_attention.cache_clear()
     load_fused_norms.cache_clear()
 

@@ -166,6 +166,14 @@ def _fused_kernel(q, k, v, causal_offset, dropout, use_cudnn: bool) -> str | Non
     return "cudnn" if use_cudnn and _cudnn_kernel_takes(q, dropout) else "flash"
 
 
+def describe_kernels(use_cudnn: bool) -> str:
+    """One line for the start-up banner: which kernels the blocks run in (module docstring)."""
+    fused = "PyTorch's FlashAttention-2 (bf16/fp16, head dim up to 256)"
+    if use_cudnn:
+        fused = f"cuDNN's fused attention (sm90+, head dim up to 128, no attention dropout), else {fused}"
+    return f"{fused}, else fp32 tiles in plain PyTorch"
+
+
 def _flash_pieces(num_rows: int, num_keys: int, causal: bool) -> list[tuple[slice, bool]]:
     """(key columns, is_causal) of the kernel calls of one block; a causal block's diagonal ends at the last
     key: columns [0, sk - sq) unmasked, then the square [sk - sq, sk) causal (module docstring)."""
