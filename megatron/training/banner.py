@@ -93,8 +93,7 @@ def _layout_lines(args, ranks: list) -> list:
 
 def _attention_kernels(args) -> str:
     if args.context_parallel_size > 1:  # DotProductAttention hands every backend's attention to the blocks
-        comm_types = [args.cp_comm_type] if isinstance(args.cp_comm_type, str) else args.cp_comm_type
-        return (f"context-parallel blocks ({', '.join(dict.fromkeys(comm_types))}): "
+        return (f"context-parallel blocks ({', '.join(dict.fromkeys(args.cp_comm_type))}): "
                 f"{block_attention.describe_kernels(use_cudnn=args.attention_backend != 'flash')}")
     if args.attention_backend in ("unfused", "local"):
         return "unfused matmul-softmax-matmul (the explicit reference)"

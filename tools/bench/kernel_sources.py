@@ -11,6 +11,7 @@ kernels' total time and count. With --cpu-ops the pattern matches CPU op names, 
 """
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -23,25 +24,48 @@ KERNEL_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 def load_events(path: str) -> list[dict]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as trace:
-        return json.load(trace)["traceEvents"]
+        return json.load(trace).get("traceEvents", [])
+
+
+class _ThreadFrames:
+    """The python_function events of one thread, nested: each frame's parent (the innermost frame containing
+    it) is found once, so that the stack at a moment costs a binary search and a walk up, not a scan."""
+
+    def __init__(self, frames: list[dict]):
+        self.frames = sorted(frames, key=lambda event: (event["ts"], -event["dur"]))  # outer first at a tie
+        self.starts = [frame["ts"] for frame in self.frames]
+        self.parents, open_frames = [], []
+        for index, frame in enumerate(self.frames):
+            while open_frames and not self._contains(open_frames[-1], frame["ts"]):
+                open_frames.pop()
+            self.parents.append(open_frames[-1] if open_frames else None)
+            open_frames.append(index)
+
+    def _contains(self, index: int, timestamp: float) -> bool:
+        frame = self.frames[index]
+        return frame["ts"] <= timestamp <= frame["ts"] + frame["dur"]
+
+    def stack_at(self, timestamp: float, depth: int) -> tuple:
+        """The innermost `depth` frames containing `timestamp` (of the repository's code where it shows)."""
+        index = bisect.bisect_right(self.starts, timestamp) - 1
+        while index is not None and index >= 0 and not self._contains(index, timestamp):
+            index = self.parents[index]
+        enclosing = []
+        while index is not None and index >= 0:
+            enclosing.append(self.frames[index]["name"])
+            index = self.parents[index]
+        enclosing.reverse()
+        ours = [name for name in enclosing if "megatron/" in name or "pretrain_" in name] or enclosing
+        return tuple(ours[-depth:])
 
 
 def _frames_by_thread(events: list[dict]) -> dict:
-    """tid -> python_function events sorted by start (outer before inner at equal starts)."""
+    """tid -> the thread's python_function events (`_ThreadFrames`)."""
     frames = collections.defaultdict(list)
     for event in events:
         if event.get("ph") == "X" and event.get("cat") == "python_function":
             frames[event["tid"]].append(event)
-    for thread in frames.values():
-        thread.sort(key=lambda event: (event["ts"], -event["dur"]))
-    return frames
-
-
-def _stack_at(frames: list[dict], timestamp: float, depth: int) -> tuple:
-    """The innermost `depth` Python frames containing `timestamp` (of the repository's code where it shows)."""
-    enclosing = [frame["name"] for frame in frames if frame["ts"] <= timestamp <= frame["ts"] + frame["dur"]]
-    ours = [name for name in enclosing if "megatron/" in name or "pretrain_" in name] or enclosing
-    return tuple(ours[-depth:])
+    return {thread: _ThreadFrames(events) for thread, events in frames.items()}
 
 
 def kernel_sources(events: list[dict], pattern: str, depth: int = 4, cpu_ops: bool = False) -> list:
@@ -62,7 +86,7 @@ def kernel_sources(events: list[dict], pattern: str, depth: int = 4, cpu_ops: bo
                     anchors.append((launch["tid"], launch["ts"], event["dur"]))
     totals = collections.defaultdict(lambda: [0.0, 0])
     for thread, timestamp, duration in anchors:
-        total = totals[_stack_at(frames.get(thread, []), timestamp, depth)]
+        total = totals[frames[thread].stack_at(timestamp, depth) if thread in frames else ()]
         total[0] += duration
         total[1] += 1
     return sorted(((total, count, stack) for stack, (total, count) in totals.items()), reverse=True)

@@ -42,8 +42,6 @@ run's row goes to stderr as it ends.
 import argparse
 import datetime
 import glob
-import gzip
-import json
 import os
 import re
 import shutil
@@ -53,6 +51,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_sources import load_events  # noqa: E402
 from multi_gpu_validation import LLAMA_8B, MIXTRAL, commit, machine  # noqa: E402
 from parallel_gpu_check import DP2, MOCK, ROOT, WORKERS_RAISED, losses, train, worker_errors  # noqa: E402
 
@@ -132,11 +131,8 @@ def communication_per_step(trace_path: str, steps: int) -> dict:
     """ms per step of communication kernels, of the part of them with no compute kernel running (exposed; also
     by collective), and of the GPU idle with neither running (host-bound gaps), from a Chrome trace of
     torch.profiler (GPU events: "kernel" and "gpu_memcpy" categories)."""
-    opener = gzip.open if trace_path.endswith(".gz") else open
-    with opener(trace_path, "rt") as handle:
-        events = json.load(handle).get("traceEvents", [])
     by_kind, compute = {}, []
-    for event in events:
+    for event in load_events(trace_path):
         if event.get("ph") != "X" or event.get("cat") not in ("kernel", "gpu_memcpy"):
             continue
         interval = (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0)))

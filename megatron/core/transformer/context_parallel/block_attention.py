@@ -269,9 +269,8 @@ def _fused_backward(dout, q, k, v, out, lse, scale, causal_offset, dropout, kern
         dq = piece_dq if dq is None else dq.float() + piece_dq  # the pieces' key columns are disjoint
         dk.append(piece_dk)
         dv.append(piece_dv)
-    if len(pieces) > 1:
-        dk, dv = [torch.cat(dk, dim=2)], [torch.cat(dv, dim=2)]
-    return dq.unflatten(1, (g, r)), dk[0].unsqueeze(2), dv[0].unsqueeze(2)
+    dk, dv = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2) for parts in (dk, dv))  # no copy of one
+    return dq.unflatten(1, (g, r)), dk.unsqueeze(2), dv.unsqueeze(2)
 
 
 def block_attention_forward(
