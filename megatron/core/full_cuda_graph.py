@@ -16,12 +16,14 @@ from those. The returned loss reports are the graph's static outputs: they hold 
 until the next replay, so read them (or reduce them into new tensors) before the next call, as the
 training loop does. Evaluation (`forward_only=True`) runs eagerly.
 
-What the captured region may not do, and why the training layer checks it up front: read a device value
-on the host (`.item()`, a data-dependent shape: MoE token routing), swap generator states (the attention
-dropout's per-rank stream, activation recomputation's RNG replay), change shape between iterations (a
-batch-size ramp-up changes the micro batch count), or talk to other ranks except through collectives on the
-compute stream: tensor parallelism's all-reduces, all-gathers, reduce-scatters and its batch broadcast are
-captured and replayed (NCCL kernels); data-parallel gradient buckets and pipeline sends are host-driven.
+What the captured region may not do, and why the training layer checks it up front: read a device value on the
+host (`.item()`, a data-dependent shape: MoE token routing), swap generator states (the attention dropout's
+per-rank stream, activation recomputation's RNG replay), change shape between iterations (a batch-size ramp-up
+changes the micro batch count), or talk to other ranks except through collectives on the compute stream:
+tensor parallelism's all-reduces, all-gathers, reduce-scatters and its batch broadcast are captured and
+replayed (NCCL kernels), as are --tp-comm-overlap's collectives on side streams forked from and joined to the
+compute stream (symmetric memory's fused ops, or chunked NCCL transfers); data-parallel gradient buckets and
+pipeline sends are host-driven.
 """
 
 import logging

@@ -8,6 +8,7 @@ the losses are compared.
 """
 
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -153,6 +154,13 @@ def test_at_least_one_warmup_step():
 _LOSS = re.compile(r"iteration +(\d+)/.*?lm loss: ([0-9.E+-]+)")
 
 
+def _losses(command: list[str], environment: dict | None = None) -> dict:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=None if environment is None else {**os.environ, **environment})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {int(step): float(loss) for step, loss in _LOSS.findall(done.stdout)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pretrain_gpt_with_the_graph_trains_like_eager():
@@ -163,11 +171,29 @@ def test_pretrain_gpt_with_the_graph_trains_like_eager():
               "--max-position-embeddings", "256", "--micro-batch-size", "4", "--global-batch-size", "8",
               "--lr", "1e-3", "--train-iters", "12", "--log-interval", "1", "--eval-iters", "0", "--bf16",
               "--hidden-dropout", "0.1", "--attention-dropout", "0", "--num-workers", "0"]
-    losses = {}
-    for name, extra in (("eager", []), ("graph", ["--cuda-graph-impl", "full_iteration"])):
-        done = subprocess.run([sys.executable, "pretrain_gpt.py", *common, *extra], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        losses[name] = {int(step): float(loss) for step, loss in _LOSS.findall(done.stdout)}
+    losses = {name: _losses([sys.executable, "pretrain_gpt.py", *common, *extra])
+              for name, extra in (("eager", []), ("graph", ["--cuda-graph-impl", "full_iteration"]))}
+    assert sorted(losses["graph"]) == list(range(1, 13))
+    assert losses["graph"] == losses["eager"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("implementation", ["symmetric_memory", "chunked"])
+def test_tensor_parallel_overlap_replays_like_eager(implementation):
+    """TP=2 + SP + --tp-comm-overlap, bf16 tiny GPT, 12 iterations: the graph replays the overlap's side-stream
+    collectives (symmetric memory's fused ops, or the chunked NCCL all-gathers and point-to-point partial
+    sums), so every loss equals the eager run's to the printed digits."""
+    common = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512", "--num-layers", "2",
+              "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
+              "--max-position-embeddings", "256", "--micro-batch-size", "4", "--global-batch-size", "8",
+              "--lr", "1e-3", "--train-iters", "12", "--log-interval", "1", "--eval-iters", "0", "--bf16",
+              "--hidden-dropout", "0", "--attention-dropout", "0", "--num-workers", "0",
+              "--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "pretrain_gpt.py"]
+    environment = {"MEGATRON_TP_COMM_OVERLAP_IMPL": implementation, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    losses = {name: _losses(torchrun + common + extra, environment)
+              for name, extra in (("eager", []), ("graph", ["--cuda-graph-impl", "full_iteration"]))}
     assert sorted(losses["graph"]) == list(range(1, 13))
     assert losses["graph"] == losses["eager"]

@@ -23,13 +23,14 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 | PP=2 interleaved, 2 virtual stages | 2 | 32 | same ideal (the interleaved bubble is smaller: above 100% is possible) |
 
 --extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond its
-tokens), graph (one GPU, TP=2 + SP and TP=2 with `--cuda-graph-impl full_iteration`, against the one-GPU graph
-row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that
-one GPU fits seq 32768: CP=2 ring against one GPU), ep (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1
-on one GPU, the same tokens per GPU), 8b (Llama-style 8B at TP=2 + SP with bf16 Adam moments to fit 2 x 80 GB,
-eager and graphed, against TP=1 of the same layer shapes with 4 layers: TFLOP/s/GPU, since the layer counts
-differ), nccl (the DP=2 row with the data-parallel groups' NCCL kernels capped at 8 CTAs,
-`--nccl-communicator-config-path`, and on high-priority streams, `--high-priority-stream-groups dp dp_cp`).
+tokens), graph (one GPU, TP=2 + SP (also with the overlap) and TP=2 with `--cuda-graph-impl full_iteration`,
+against the one-GPU graph row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape +
+RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one GPU), ep (Mixtral-style MoE with 8
+layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b (Llama-style 8B at TP=2 + SP with bf16
+Adam moments to fit 2 x 80 GB, eager and graphed, against TP=1 of the same layer shapes with 4 layers:
+TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the data-parallel groups' NCCL kernels capped
+at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority streams, `--high-priority-stream-groups dp
+dp_cp`).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
 of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
@@ -249,7 +250,9 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
     if "graph" in extras:  # the host's share: the same rows replayed from a full-iteration CUDA graph
         graph = ["--cuda-graph-impl", "full_iteration", "--global-batch-size", "4"]
         one = bench.run("one GPU, CUDA graph", 1, GPT_1_3B + graph, count=20)
-        for name, flags in [("TP=2 + SP, CUDA graph", TP2 + SP), ("TP=2, no SP, CUDA graph", TP2)]:
+        for name, flags in [("TP=2 + SP, CUDA graph", TP2 + SP),
+                            ("TP=2 + SP + tp-comm-overlap, CUDA graph", TP2 + SP + ["--tp-comm-overlap"]),
+                            ("TP=2, no SP, CUDA graph", TP2)]:
             bench.ratio(bench.run(name, 2, GPT_1_3B + flags + graph, count=20, profile=True), one)
     if "cp" in extras:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
@@ -279,10 +282,13 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
         lean = ["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
                 "--exp-avg-sq-dtype", "bf16", "--global-batch-size", "1"]
         graph = ["--cuda-graph-impl", "full_iteration"]
-        for mode, flags in (("", []), (", CUDA graph", graph)):
-            one = bench.run(f"8B ref: 4 layers of the 8B, TP=1{mode}", 1,
-                            LLAMA_8B + lean + flags + ["--num-layers", "4"], count=10)
-            row = bench.run(f"Llama 8B, TP=2 + SP{mode}", 2, LLAMA_8B + lean + flags + TP2 + SP, count=10,
+        one = {}
+        for mode, flags, overlap in (("", [], []), (", CUDA graph", graph, []),
+                                     (", CUDA graph + tp-comm-overlap", graph, ["--tp-comm-overlap"])):
+            if not overlap:  # the overlapped row keeps the graph's reference
+                one = bench.run(f"8B ref: 4 layers of the 8B, TP=1{mode}", 1,
+                                LLAMA_8B + lean + flags + ["--num-layers", "4"], count=10)
+            row = bench.run(f"Llama 8B, TP=2 + SP{mode}", 2, LLAMA_8B + lean + flags + overlap + TP2 + SP, count=10,
                             profile=not flags)
             bench.ratio(row, one, key="TFLOP/s/GPU")
 

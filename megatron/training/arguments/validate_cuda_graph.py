@@ -20,14 +20,15 @@ def check_cuda_graph(args, problems: list) -> None:
     tensor_parallel = args.tensor_model_parallel_size
     model_size = tensor_parallel * args.pipeline_model_parallel_size * args.context_parallel_size
     reasons = {
-        # Tensor-parallel collectives are kernels on the compute stream: the graph replays them. Gradient
+        # Tensor-parallel collectives are kernels on the compute stream, --tp-comm-overlap's on side streams
+        # forked from and joined to it (its two implementations capture and replay exactly:
+        # tools/bench/tp_overlap_check.py): the graph replays them. Gradient
         # reduction across data-parallel ranks is driven by host-side bucket bookkeeping, the pipeline by
         # host-ordered sends and receives, ring attention by host-side chunk scheduling.
         f"data-parallel size {args.world_size // model_size} (world size {args.world_size})":
             args.world_size > model_size,
         f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}": args.pipeline_model_parallel_size > 1,
         f"--context-parallel-size {args.context_parallel_size}": args.context_parallel_size > 1,
-        "--tp-comm-overlap (its chunks are scheduled on side streams by the host)": args.tp_comm_overlap,
         f"--hidden-dropout {args.hidden_dropout} at --tensor-model-parallel-size {tensor_parallel} (the "
         "tensor-parallel random stream is swapped in on the host)": tensor_parallel > 1 and args.hidden_dropout > 0,
         "--num-experts (MoE routing reads token counts on the host)": args.num_experts is not None,

@@ -44,7 +44,7 @@ def test_refusals(flags, expected, problems, cuda_present):
     ({"world_size": 2, "tensor_model_parallel_size": 2}, []),
     ({"world_size": 2, "tensor_model_parallel_size": 2, "hidden_dropout": 0.1},
      ["--hidden-dropout 0.1 at --tensor-model-parallel-size 2"]),
-    ({"world_size": 2, "tensor_model_parallel_size": 2, "tp_comm_overlap": True}, ["--tp-comm-overlap"]),
+    ({"world_size": 2, "tensor_model_parallel_size": 2, "sequence_parallel": True, "tp_comm_overlap": True}, []),
     ({"world_size": 2, "pipeline_model_parallel_size": 2}, ["--pipeline-model-parallel-size 2"]),
     ({"world_size": 2, "context_parallel_size": 2}, ["--context-parallel-size 2"]),
 ])
