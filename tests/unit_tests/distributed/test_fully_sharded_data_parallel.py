@@ -203,12 +203,24 @@ def _microbatched_steps(strategy: str, fusion: bool, rank: int, world_size: int)
     _nan_in_emptied_gradients(wrapped)
     optimizer = get_megatron_optimizer(OptimizerConfig(lr=LR, clip_grad=CLIP, use_distributed_optimizer=True,
                                                        bf16=fusion), [wrapped])
+    buckets = [bucket for buffer in wrapped.buffers for bucket in buffer.buckets]
+    launches = []  # reductions launched per bucket, one entry per backward
+
+    def counted(bucket, start=None):
+        def start_grad_sync(async_op):
+            launches[-1][buckets.index(bucket)] += 1
+            start(async_op)
+        return start_grad_sync
+
+    for bucket in buckets:
+        bucket.start_grad_sync = counted(bucket, bucket.start_grad_sync)
     history, transient_bytes = [], []
     for batch in _global_batches(world_size)[:2]:
         wrapped.zero_grad_buffer()
         optimizer.zero_grad()
         microbatches = batch.chunk(world_size)[rank].chunk(2)
         for index, microbatch in enumerate(microbatches):
+            launches.append([0] * len(buckets))
             with wrapped.no_sync() if index == 0 else contextlib.nullcontext():
                 (_loss(wrapped, microbatch) / 2).backward()
             transient_bytes.append(sum(bucket.grad_data.untyped_storage().nbytes()
@@ -218,7 +230,7 @@ def _microbatched_steps(strategy: str, fusion: bool, rank: int, world_size: int)
         history.append(grad_norm)
     wrapped.start_param_sync(force_sync=True)
     weights = {name: param.detach().float().clone() for name, param in model.named_parameters()}
-    return history, weights, wrapped.buffers, transient_bytes
+    return history, weights, wrapped.buffers, (transient_bytes, launches)
 
 
 def _zero2_against_distributed_optimizer(rank, world_size):
@@ -252,8 +264,9 @@ def test_optim_grads_shards_gradients_and_accumulates_microbatches_like_the_dist
     """ZeRO-2 (optim_grads), and ZeRO-3 (optim_grads_params) with it, reduce-scatters every microbatch's gradients into fp32 shards; the distributed
     optimizer (optim) sums them whole and reduce-scatters once, its buckets cut by size alone where optim_grads'
     hold whole layers. Same steps: grad norms and fp32 weights agree to rounding; in bf16 with gradient-accumulation fusion (the GEMMs write the transient
-    main_grad) the weights to within a bf16 step. No gradient storage outlives a backward; each rank keeps 1/dp of
-    every bucket's gradient and the whole param buffer."""
+    main_grad) the weights to within a bf16 step. No gradient storage outlives a backward, each bucket is
+    reduce-scattered once per backward; each rank keeps 1/dp of every bucket's gradient and the whole param
+    buffer."""
     for results in run_distributed(_zero2_against_distributed_optimizer, 2):
         for fusion, (norms, weights, sharded_norms, sharded_weights, layout, sharded_layout, layer_buckets,
                      persistent, transient, (zero3_norms, zero3_weights, zero3_transient)) in results.items():
@@ -263,9 +276,11 @@ def test_optim_grads_shards_gradients_and_accumulates_microbatches_like_the_dist
             assert persistent["grad buffer"] == [None]
             assert persistent["grad shards"] == [numel // 2 for numel in sharded_layout[0][1]]
             assert persistent["param buffer"] == [sharded_layout[0][0]]
-            assert transient == [0] * 4
+            for transient_bytes, launches in (transient, zero3_transient):
+                assert transient_bytes == [0] * 4
+                assert len(launches) == 4 and all(counts == [1] * len(counts) for counts in launches), launches
             assert sharded_norms == pytest.approx(norms, rel=1e-5)
-            assert zero3_norms == pytest.approx(norms, rel=1e-5) and zero3_transient == [0] * 4
+            assert zero3_norms == pytest.approx(norms, rel=1e-5)
             for name, value in weights.items():
                 for sharded in (sharded_weights, zero3_weights):
                     torch.testing.assert_close(sharded[name], value, rtol=tolerance, atol=tolerance,

@@ -79,6 +79,9 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         # Until the step's first reduction has landed, grad_shard holds nothing: that reduction writes it
         # directly (no zeroing, no separate output, no addition), or is copied in (a bf16 reduction).
         self._shard_empty = True
+        # Whether this backward has launched the bucket's reduce-scatter: a bucket finished (and freed) while
+        # the backward runs must not be reduced again by the end of backward's flush.
+        self.reduced_this_backward = False
         self.release()
 
     def _padding_index(self) -> torch.Tensor:
@@ -110,8 +113,11 @@ class _ShardedGradBucket(_ParamAndGradBucket):
 
     def register_grad_ready(self, param: torch.nn.Parameter, name: str) -> bool:
         """Notes `param`'s gradient of this backward; True when that completed the bucket (then launched)."""
+        if self.reduced_this_backward:
+            raise RuntimeError(f"{name} got a gradient after its bucket was reduce-scattered in this backward "
+                               "(a param whose gradient hook runs twice in one backward is not supported)")
         self.params_with_grad.add(param)
-        if len(self.params_with_grad) < len(self.params) or self.grad_reduce_started:
+        if len(self.params_with_grad) < len(self.params):
             return False
         self.start_grad_sync(async_op=True)
         return True
@@ -126,7 +132,7 @@ class _ShardedGradBucket(_ParamAndGradBucket):
             self.local_grad_norm = norm if self.local_grad_norm is None else torch.maximum(self.local_grad_norm, norm)
         if self.gradient_scaling_factor != 1.0 and not self.scales_in_collective:
             self.grad_data *= self.gradient_scaling_factor
-        self.grad_reduce_started = True
+        self.grad_reduce_started = self.reduced_this_backward = True
         if self.data_parallel_world_size == 1:
             self._reduced, self.grad_reduce_handle = self.grad_data, None
             return
@@ -162,6 +168,7 @@ class _ShardedGradBucket(_ParamAndGradBucket):
         """A new step: no reduction in flight, an empty gradient shard (module docstring)."""
         self.finish_grad_sync()
         self._shard_empty = True
+        self.reduced_this_backward = False
         self.local_grad_norm = None
 
     def complete_shard(self) -> None:
@@ -196,12 +203,13 @@ class _ShardedGradBuffer(_ParamAndGradBuffer):
                 self._in_flight.pop(0).finish_grad_sync()
 
     def flush(self) -> None:
-        """End of a backward: reduces every bucket not launched yet and waits for all."""
+        """End of a backward: reduces every bucket this backward has not launched yet and waits for all."""
         for bucket in self.buckets:
-            if not bucket.grad_reduce_started:
+            if not bucket.reduced_this_backward:
                 bucket.start_grad_sync(async_op=True)
         for bucket in self.buckets:
             bucket.finish_grad_sync()
+            bucket.reduced_this_backward = False
         self._in_flight = []
 
     def scale_gradients(self, scaling_factor: float) -> None:
