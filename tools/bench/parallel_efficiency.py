@@ -223,8 +223,13 @@ def gpt_rows(bench: Bench, sections: list[str]) -> dict:
         bench.ratio(bench.run(name, 2, gpt + flags + ["--global-batch-size", "4"], count=20, profile=True,
                               environment=environment), one)
     if "dp" in sections:
-        bench.ratio(bench.run("DP=2, dist-opt, both overlaps", 2, gpt + DP2 + ["--global-batch-size", "8"],
-                              count=20, profile=True), one)
+        # Every run gets CUDA_DEVICE_MAX_CONNECTIONS=1 (what TP's overlaps need, and Megatron-LM's scripts set);
+        # without TP nothing needs it, and one hardware queue can hold a collective behind queued compute.
+        eight = {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+        for name, environment in (("DP=2, dist-opt, both overlaps", None),
+                                  ("DP=2, dist-opt, both overlaps, 8 connections", eight)):
+            bench.ratio(bench.run(name, 2, gpt + DP2 + ["--global-batch-size", "8"], count=20, profile=True,
+                                  environment=environment), one)
     if "pp" not in sections:
         return one
     one_pp = bench.run("one GPU, global batch 32 (8 micro batches)", 1, gpt + ["--global-batch-size", "32"])
@@ -258,7 +263,12 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
         one = bench.run("CP ref: one GPU, 12 layers, seq 32768", 1, long, count=10)
-        bench.ratio(bench.run("CP=2 ring, seq 32768", 2, long + ["--context-parallel-size", "2"], count=15,
+        # The gradients are reduced over the CP ranks: overlapped with backward, as Megatron-LM's CP recipes run.
+        cp = long + ["--context-parallel-size", "2"] + DP2
+        bench.ratio(bench.run("CP=2 ring, seq 32768", 2, cp, count=15, profile=True), one)
+        bench.ratio(bench.run("CP=2 ring, seq 32768, 8 connections", 2, cp, count=15, profile=True,
+                              environment={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}), one)
+        bench.ratio(bench.run("CP=2 all-gather, seq 32768", 2, cp + ["--cp-comm-type", "allgather"], count=15,
                               profile=True), one)
     if "ep" in extras:
         moe = MIXTRAL + ["--num-layers", "8"]
