@@ -82,7 +82,8 @@ class DropoutMasks:
     CUDA generator: `drawing_in_default_generator` lends it this generator's state for the call, and the
     kernel's philox states are kept in `kernel_states`, one list per block. `replay()` rewinds for the
     backward: the tiles draw the same masks again, in order, and `next_kernel_states()` returns the lists in
-    the order the blocks ran.
+    the order the blocks ran. A caller whose backward visits its blocks in another order marks each block's
+    start in forward (`begin_block`) and rewinds to it (`replay_block`).
     """
 
     def __init__(self, probability: float, seed: int, device: torch.device):
@@ -91,6 +92,17 @@ class DropoutMasks:
         self.generator.manual_seed(seed)
         self.kernel_states = []
         self._replayed_states = iter(())
+        self._block_starts = []  # (generator state, kernel calls so far) at each begin_block
+
+    def begin_block(self) -> None:
+        self._block_starts.append((self.generator.get_state(), len(self.kernel_states)))
+
+    def replay_block(self, index: int) -> "DropoutMasks":
+        """Rewinds to the start of block `index` (the `index`-th begin_block of the forward)."""
+        state, kernel_calls = self._block_starts[index]
+        self.generator.set_state(state)
+        self._replayed_states = iter(self.kernel_states[kernel_calls:])
+        return self
 
     def next(self, shape, device) -> torch.Tensor:
         keep = torch.rand(shape, generator=self.generator, device=device) >= self.probability

@@ -17,11 +17,16 @@ The partial outputs of the steps merge exactly with their log-sum-exps (online s
 block_attention.merge_partial), in fp32.
 
 The backward is a custom autograd function (autograd through point-to-point sends would let ranks run
-their sends in different orders). It replays the ring: at step i the rank computes, with the final O and
-lse (block_attention.py), its query gradient share and the gradient of the key/value block it holds; that
-block's dK/dV accumulator travels with it around the ring (received from the previous rank, which held
-the same block one step earlier) and comes home after the last step. The transfer of step i + 1's
-keys/values is started before step i's computation, so it overlaps with it.
+their sends in different orders). It runs the ring's steps in reverse, c-1 down to 0, with the blocks
+travelling the other way (each rank sends to the previous rank and receives from the next): at step i the
+rank holds block r - i again, computes with the final O and lse (block_attention.py) its query gradient
+share and the gradient of that block, and adds the latter into the block's fp32 dK/dV accumulator, which
+travels with the block and so ends at its owner at step 0, where the owner adds its own share last. Each
+transfer (the next step's keys/values, the accumulator) runs during a step's computation; none is left
+after the last one, which a forward-order replay has (the accumulators' hop home). The forward keeps the
+block of its last step (block r + 1, one block of keys/values per layer more than its own) for the first
+step of the backward; step 0's block is the rank's own. So the backward sends c - 2 key/value blocks and
+c - 1 accumulators: at c = 2 one accumulator, hidden behind the diagonal block.
 """
 
 import torch
@@ -44,13 +49,15 @@ class _RingNeighbours:
         self.group, self.size, self.position = group, len(ranks), position
         self.next_rank, self.previous_rank = ranks[(position + 1) % len(ranks)], ranks[position - 1]
 
-    def start(self, tensor: torch.Tensor):
-        """(received buffer, pending requests): call `finish(requests)` before reading the buffer."""
+    def start(self, tensor: torch.Tensor, backwards: bool = False):
+        """(received buffer, pending requests): call `finish(requests)` before reading the buffer. `backwards`
+        sends to the previous rank and receives from the next."""
         tensor = tensor.contiguous()
         received = torch.empty_like(tensor)
+        to_rank, from_rank = (self.previous_rank, self.next_rank) if backwards else (self.next_rank, self.previous_rank)
         operations = [
-            dist.P2POp(dist.isend, tensor, self.next_rank, self.group),
-            dist.P2POp(dist.irecv, received, self.previous_rank, self.group),
+            dist.P2POp(dist.isend, tensor, to_rank, self.group),
+            dist.P2POp(dist.irecv, received, from_rank, self.group),
         ]
         return received, dist.batch_isend_irecv(operations)
 
@@ -73,6 +80,17 @@ def _step_blocks(step: int, neighbours: _RingNeighbours, causal: bool, n: int):
     return slice(n, 2 * n), everything, None
 
 
+def _written_on(part: slice, block: torch.Tensor, shape, dim: int) -> torch.Tensor:
+    """A fresh fp32 tensor of `shape` holding `block` on `part` of dimension `dim` and zeros elsewhere."""
+    whole = torch.empty(shape, dtype=torch.float32, device=block.device)
+    if part == slice(None):
+        return whole.copy_(block)
+    rest = slice(part.stop, None) if part.start in (None, 0) else slice(0, part.start)
+    whole.narrow(dim, part.start or 0, block.size(dim)).copy_(block)
+    whole.narrow(dim, rest.start or 0, shape[dim] - block.size(dim)).zero_()
+    return whole
+
+
 class RingAttention(torch.autograd.Function):
     """q [b, g, r, 2n, d], k and v [b, g, 1, 2n, d] (this rank's two chunks) -> O [b, g, r, 2n, d].
     Attention dropout with probability `dropout_p` draws its masks from `seed`, block after block;
@@ -90,6 +108,8 @@ class RingAttention(torch.autograd.Function):
             if step + 1 < neighbours.size:
                 incoming, requests = neighbours.start(key_values)
             rows, columns, offset = _step_blocks(step, neighbours, causal, n)
+            if dropout is not None:
+                dropout.begin_block()
             block_out, block_lse = block_attention_forward(
                 q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :], scale, offset, dropout,
                 use_cudnn,
@@ -102,46 +122,47 @@ class RingAttention(torch.autograd.Function):
                 neighbours.finish(requests)
                 key_values = incoming
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
+        last_key_values = key_values if neighbours.size > 1 else None  # the backward's first block
+        ctx.save_for_backward(q, k, v, out, lse, last_key_values)
         ctx.scale, ctx.causal, ctx.group, ctx.dropout, ctx.use_cudnn = scale, causal, group, dropout, use_cudnn
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, key_values = ctx.saved_tensors
         neighbours = _RingNeighbours(ctx.group)
-        dropout = None if ctx.dropout is None else ctx.dropout.replay()  # the forward's masks, in order
         n = q.size(-2) // 2
-        key_values = torch.stack((k, v))
-        dq = None  # fp32; step 0 covers every row and writes it
-        grad_requests = None
-        for step in range(neighbours.size):
-            if step + 1 < neighbours.size:
-                incoming, requests = neighbours.start(key_values)
+        own_key_values = torch.stack((k, v))
+        if key_values is None:
+            key_values = own_key_values
+        dq = grads = grad_requests = None  # fp32 query gradient; the held block's dK/dV accumulator
+        for step in reversed(range(neighbours.size)):
+            requests = None
+            if step > 1:  # step - 1's block comes from the next rank; step 0's is this rank's own
+                incoming, requests = neighbours.start(key_values, backwards=True)
             rows, columns, offset = _step_blocks(step, neighbours, ctx.causal, n)
+            dropout = None if ctx.dropout is None else ctx.dropout.replay_block(step)
             block_dq, block_dk, block_dv = block_attention_backward(
                 dout[..., rows, :], q[..., rows, :], key_values[0][..., columns, :], key_values[1][..., columns, :],
                 out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout, ctx.use_cudnn,
             )
             if dq is None:
-                dq = block_dq.float()
+                dq = _written_on(rows, block_dq, q.shape, dim=-2)
             else:
                 dq[..., rows, :] += block_dq
-            # The accumulator of this block's dK/dV arrives from the rank that held the block one step ago; at
-            # step 0 (every column) it starts here.
-            if grad_requests is None:
-                key_value_grads = torch.empty((2,) + k.shape, dtype=torch.float32, device=k.device)
-                key_value_grads[0].copy_(block_dk)
-                key_value_grads[1].copy_(block_dv)
-            else:
+            if grad_requests is None:  # the block's first share (step c - 1)
+                grads = _written_on(columns, torch.stack((block_dk, block_dv)), (2,) + k.shape, dim=-2)
+            else:  # the shares of the ranks that held it before, from the next rank
                 neighbours.finish(grad_requests)
-                key_value_grads = incoming_grads
-                key_value_grads[0][..., columns, :] += block_dk
-                key_value_grads[1][..., columns, :] += block_dv
-            incoming_grads, grad_requests = neighbours.start(key_value_grads)
-            if step + 1 < neighbours.size:
+                grads = incoming_grads
+                grads[0][..., columns, :] += block_dk
+                grads[1][..., columns, :] += block_dv
+            if step > 0:
+                incoming_grads, grad_requests = neighbours.start(grads, backwards=True)
+            if requests is not None:
                 neighbours.finish(requests)
                 key_values = incoming
-        neighbours.finish(grad_requests)  # after c hops each accumulator is back with its owner
-        dk, dv = incoming_grads
+            elif step == 1:
+                key_values = own_key_values
+        dk, dv = grads  # step 0: this rank's own block, every share added
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
