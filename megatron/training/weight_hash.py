@@ -44,7 +44,7 @@ def check_weight_hashes_across_dp_replicas(model, iteration: int) -> None:
     """Raises RuntimeError listing every parameter whose replicas differ (collective over all ranks)."""
     for chunk in model:
         if hasattr(chunk, "start_param_sync"):
-            chunk.start_param_sync(force_sync=True)  # deferred all-gathers of the distributed optimizer
+            chunk.start_param_sync(force_sync=True)  # all-gathers of the distributed optimizer in flight
     problems = _mismatches(parallel_state.get_data_parallel_group(with_context_parallel=True), False, model)
     problems += _mismatches(parallel_state.get_expert_data_parallel_group(), True, model)
     if problems:

@@ -22,8 +22,8 @@ When the reduction happens:
                              `finish_grad_sync()` waits. Microbatches before the last run under `no_sync()`,
                              which only accumulates.
 With the distributed optimizer the optimizer step updates this rank's shard of the param buffer and the
-params are all-gathered: at once, or with overlap_param_gather bucket by bucket from forward pre-hooks
-of the next forward (see param_and_grad_bucket.py).
+params are all-gathered: at once, or with overlap_param_gather asynchronously, bucket after bucket, each
+waited for by the forward pre-hooks of its modules (see param_and_grad_bucket.py).
 
 Weights stored in FP8 (`fp8_param_gather`, megatron/core/fp8/params.py) have buffers of their own: a uint8
 param buffer (one byte per element, so their all-gather moves half of bf16's bytes) and a grad buffer of
@@ -64,6 +64,14 @@ def _accumulate_into_main_grad(param: torch.nn.Parameter) -> None:
         else:
             param.main_grad.add_(grad)
     param.grad = None
+
+
+def _waits_for(buckets: list):
+    """A forward pre-hook that waits for the param gathers of `buckets`."""
+    def wait(*unused) -> None:
+        for bucket in buckets:
+            bucket.wait_param_gather()
+    return wait
 
 
 def default_bucket_size(ddp_config: DistributedDataParallelConfig, data_parallel_size: int):
@@ -222,22 +230,18 @@ class DistributedDataParallel(_BaseDataParallel):
         if self.ddp_config.overlap_grad_reduce and self._grad_sync_enabled:
             self.param_to_bucket[param].register_grad_ready(param, self.param_to_name[param])
 
-    def _forward_pre_hook(self, module: torch.nn.Module, *unused) -> None:
-        """Waits for (and if needed launches) the all-gather of every bucket holding one of `module`'s params."""
-        for param in module.parameters(recurse=False):
-            bucket = self.param_to_bucket.get(param)
-            if bucket is not None:
-                bucket.finish_param_sync()
-
     def enable_forward_pre_hook(self) -> None:
-        """Registers the pre-hooks that overlap the param all-gathers with forward (overlap_param_gather)."""
+        """Registers the pre-hooks that overlap the param all-gathers with forward (overlap_param_gather): each
+        module holding params waits for the gathers of their buckets."""
         if not self.use_forward_hook:
             raise ValueError("forward pre-hooks gather params for use_distributed_optimizer with overlap_param_gather")
         if self._forward_pre_hook_handles:
             raise RuntimeError("the forward pre-hooks are enabled already")
-        self._forward_pre_hook_handles = [
-            module.register_forward_pre_hook(self._forward_pre_hook) for module in self.module.modules()
-        ]
+        for module in self.module.modules():
+            buckets = list({self.param_to_bucket[param]: None for param in module.parameters(recurse=False)
+                            if param in self.param_to_bucket})
+            if buckets:
+                self._forward_pre_hook_handles.append(module.register_forward_pre_hook(_waits_for(buckets)))
 
     def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
         """Removes the pre-hooks; with `param_sync` first makes every param whole (before eval or a save)."""
@@ -275,8 +279,8 @@ class DistributedDataParallel(_BaseDataParallel):
     def start_param_sync(self, *unused, force_sync: bool = False) -> None:
         """All-gathers the params after a distributed-optimizer step (no-op without one).
 
-        With overlap_param_gather the gathers are left to the next forward's pre-hooks; `force_sync`
-        makes every param whole now instead (waiting for gathers in flight).
+        With overlap_param_gather they stay in flight until the next forward's pre-hooks wait for them;
+        `force_sync` makes every param whole now instead (waits for the gathers in flight).
         """
         if not self.ddp_config.use_distributed_optimizer:
             return

@@ -100,9 +100,6 @@ class _ParamAndGradBuffer:
             )
             for bucket in layout.buckets
         ]
-        # Forward uses the buckets back to front (the last bucket holds the first params).
-        for earlier, later in zip(self.buckets, self.buckets[1:]):
-            later.next_param_gather_bucket = earlier
         self.param_to_bucket = {param: bucket for bucket in self.buckets for param in bucket.params_list}
         logger.info(
             "number of buckets for gradient all-reduce / reduce-scatter (%s params, %s grads): %d\n%s",
@@ -188,17 +185,13 @@ class _ParamAndGradBuffer:
         )
 
     def start_param_sync(self) -> None:
-        """After a distributed-optimizer step: gathers every bucket's params from their owners now, or with
-        overlap_param_gather leaves the gathers to the next forward's pre-hooks, except that of the first
-        bucket forward needs (the last one), which starts at once: it then runs while the host ends the step
-        and reads the next batch, instead of holding up the first layer (Megatron-LM starts it in that
-        layer's pre-hook)."""
-        for bucket in self.buckets:
-            bucket.request_param_gather(defer=self.ddp_config.overlap_param_gather)
-        if self.ddp_config.overlap_param_gather and self.buckets:
-            self.buckets[-1].prefetch_param_gather()
+        """After a distributed-optimizer step: gathers every bucket's params from their owners, now, or with
+        overlap_param_gather asynchronously, in the order forward needs them (back to front: the last bucket
+        holds the first params), each waited for by the forward pre-hooks (param_and_grad_bucket.py)."""
+        for bucket in reversed(self.buckets):
+            bucket.start_param_gather(async_op=self.ddp_config.overlap_param_gather)
 
     def complete_param_sync(self) -> None:
-        """Makes every param whole now (waits for gathers in flight, runs the deferred ones)."""
+        """Makes every param whole now (waits for the gathers in flight)."""
         for bucket in self.buckets:
-            bucket.complete_param_gather()
+            bucket.wait_param_gather()

@@ -145,10 +145,8 @@ def test_data_parallel_fp8_weights_gather_bytes_and_match_one_rank(single_rank_g
     for rank_losses, gathers in run_distributed(_data_parallel_rank, 2, bucket_size):
         assert rank_losses == losses
         fp8_gathers = [size for dtype, size in gathers if dtype == torch.uint8]
-        # Each bucket of the FP8 buffer is gathered for the forward of every step after the first, one byte per
-        # element, and the bucket forward needs first once more right after the last step.
-        first_bucket = fp8_buffer.buckets[-1].param_data.numel()
-        assert sum(fp8_gathers) == (STEPS - 1) * fp8_buffer.param_data.numel() + first_bucket
+        # Each bucket of the FP8 buffer is gathered after every step (for the next forward), one byte per element.
+        assert sum(fp8_gathers) == STEPS * fp8_buffer.param_data.numel()
         assert {dtype for dtype, _ in gathers} == {torch.uint8, torch.bfloat16}
 
 

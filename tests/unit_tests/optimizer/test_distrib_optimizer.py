@@ -104,16 +104,22 @@ def check_equals_plain_optimizer_and_torch():
 def check_param_gather_waits_for_the_next_forward():
     overlapped = build(torch.float32, 0.0, overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=300)
     eager = build(torch.float32, 0.0, overlap_grad_reduce=True, bucket_size=300)
+    launched = []
+    for bucket in overlapped[0].buffers[0].buckets:
+        def start(async_op, bucket=bucket, original=bucket.start_param_gather):
+            launched.append((bucket.bucket_id, async_op))
+            original(async_op)
+        bucket.start_param_gather = start
     train(*overlapped, steps=2)
     train(*eager, steps=2)
     [buffer] = overlapped[0].buffers
-    *deferred, first = buffer.buckets  # forward needs the last bucket first: its gather starts after the step
-    assert deferred and all(bucket.params_need_gather for bucket in deferred)
-    assert first.param_gather_handle is not None and not first.params_need_gather
-    stale = [param.detach().clone() for param in overlapped[0].module.parameters()]
-    assert not all(torch.equal(a, b) for a, b in zip(stale, eager[0].module.parameters())), "gathered too early"
-    overlapped[0](torch.zeros(1, 8))  # the pre-hooks gather bucket by bucket
-    assert not any(bucket.params_need_gather or bucket.param_gather_handle is not None for bucket in buffer.buckets)
+    # After each step every bucket's gather is launched, in the order forward needs them (the last bucket holds
+    # the first params), and left in flight for the forward's pre-hooks.
+    in_forward_order = [(bucket.bucket_id, True) for bucket in reversed(buffer.buckets)]
+    assert len(in_forward_order) > 1 and launched == in_forward_order * 2
+    assert all(bucket.param_gather_handle is not None for bucket in buffer.buckets)
+    overlapped[0](torch.zeros(1, 8))  # the pre-hooks wait bucket by bucket
+    assert not any(bucket.param_gather_handle is not None for bucket in buffer.buckets)
     for got, expected in zip(overlapped[0].module.parameters(), eager[0].module.parameters()):
         assert torch.equal(got, expected)
 

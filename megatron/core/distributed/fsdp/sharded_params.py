@@ -90,11 +90,11 @@ class _ShardedParamBucket(_ShardedGradBucket):
     def wait_params(self) -> None:
         """The params are whole once this returns (gathered now if nothing was in flight)."""
         self.gather_params(async_op=False)
-        self._wait_param_gather()
+        self.wait_param_gather()
 
     def release_params(self) -> None:
         if self._sharded:
-            self._wait_param_gather()
+            self.wait_param_gather()
             self.param_data.untyped_storage().resize_(0)
 
     def keep_own_rows(self) -> None:
