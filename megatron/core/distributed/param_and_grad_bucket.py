@@ -22,9 +22,9 @@ Parameter all-gather (distributed optimizer), after rank r updated shard r of pa
 With overlap_param_gather every bucket's gather is launched asynchronously right after the optimizer step,
 in the order forward needs them, and the forward pre-hook of each module that holds a param of the bucket waits
 for it: the gathers run one after another on NCCL's stream while the host ends the step and forward begins,
-each well ahead of its layers. (Megatron-LM launches each bucket's gather from the pre-hook of the bucket before;
-that puts the launches on the host's path through the forward, which at DP=2 on a GPT 1.3B was the bound: the
-compute stream waited ~220 us a layer for the host.)
+each well ahead of its layers. (Megatron-LM launches each bucket's gather from the pre-hook of the bucket before,
+on the host's path through the forward: in a profiled DP=2 step of a GPT 1.3B, whose forward the host barely
+kept ahead of, the compute stream then waited ~220 us a layer while the host launched the next gather.)
 """
 
 from typing import List, Optional
