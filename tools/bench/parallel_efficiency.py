@@ -255,10 +255,14 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
     if "graph" in extras:  # the host's share: the same rows replayed from a full-iteration CUDA graph
         graph = ["--cuda-graph-impl", "full_iteration", "--global-batch-size", "4"]
         one = bench.run("one GPU, CUDA graph", 1, GPT_1_3B + graph, count=20)
-        for name, flags in [("TP=2 + SP, CUDA graph", TP2 + SP),
-                            ("TP=2 + SP + tp-comm-overlap, CUDA graph", TP2 + SP + ["--tp-comm-overlap"]),
-                            ("TP=2, no SP, CUDA graph", TP2)]:
-            bench.ratio(bench.run(name, 2, GPT_1_3B + flags + graph, count=20, profile=True), one)
+        chunked = {"MEGATRON_TP_COMM_OVERLAP_IMPL": "chunked"}
+        for name, flags, environment in [
+                ("TP=2 + SP, CUDA graph", TP2 + SP, None),
+                ("TP=2 + SP + tp-comm-overlap, CUDA graph", TP2 + SP + ["--tp-comm-overlap"], None),
+                ("TP=2 + SP + tp-comm-overlap (chunked), CUDA graph", TP2 + SP + ["--tp-comm-overlap"], chunked),
+                ("TP=2, no SP, CUDA graph", TP2, None)]:
+            bench.ratio(bench.run(name, 2, GPT_1_3B + flags + graph, count=20, profile=True, environment=environment),
+                        one)
     if "cp" in extras:
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
