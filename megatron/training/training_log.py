@@ -96,8 +96,10 @@ def peak_tflops() -> float | None:
 
 
 class _Interval:
-    """Sums over the iterations between two log lines. The counts become device tensors once a step's
-    verdict comes as one (bad_step.py): they are read when the line is printed, not per iteration."""
+    """Sums over the iterations between two log lines. Once a step's verdict comes as a device flag
+    (bad_step.py), an iteration only keeps one row [skipped flag, losses..., grad norm] (two kernel launches, no
+    host sync: the host is on the step's critical path when the GPU waits for the next step's launches) and
+    `settle` folds the rows into the counts when the line is printed."""
 
     def __init__(self):
         self.memory_reported = False
@@ -109,22 +111,18 @@ class _Interval:
         self.advanced = 0
         self.skipped = 0
         self.nan = 0
+        self._rows = []  # (loss keys, with a grad norm, row tensor) of device-flagged iterations
 
     def add(self, loss_dict: dict, skipped_iter, grad_norm) -> None:
         """Counts one iteration: `skipped_iter` 0/1, or a device flag (nonzero: its update was skipped)."""
         self.iterations += 1
         if torch.is_tensor(skipped_iter):
-            skipped = skipped_iter.reshape(()) != 0
-            values = [value.detach().float().reshape(()) for value in loss_dict.values()]
+            values = [skipped_iter.reshape(()).float()] + [value.detach().float().reshape(()) for value in
+                                                           loss_dict.values()]
             if grad_norm is not None:
-                values.append(torch.as_tensor(grad_norm, dtype=torch.float32).reshape(()).to(skipped.device))
-            nonfinite = ~torch.isfinite(torch.stack(values).sum()) if values else torch.zeros_like(skipped)
-            self.skipped = self.skipped + skipped.int()
-            self.nan = self.nan + (skipped & nonfinite).int()
-            self.advanced = self.advanced + (~skipped).int()
-            for key, value in loss_dict.items():
-                kept = torch.where(skipped, torch.zeros_like(value.detach()), value.detach())
-                self.losses[key] = self.losses.get(key, 0.0) + kept
+                values.append(torch.as_tensor(grad_norm, dtype=torch.float32).reshape(()).to(values[0].device))
+            # A copy: the values may be buffers the next iteration rewrites (a CUDA graph's outputs).
+            self._rows.append((tuple(loss_dict), grad_norm is not None, torch.stack(values)))
         elif skipped_iter:
             self.skipped += 1
             # A step skipped for non-finite gradients has a finite loss; its grad norm then reads NaN.
@@ -134,6 +132,24 @@ class _Interval:
             self.advanced += 1
             for key, value in loss_dict.items():
                 self.losses[key] = self.losses.get(key, 0.0) + value.detach()
+
+    def settle(self) -> None:
+        """Folds the device-flagged rows into the counts: a skipped iteration's losses are left out; it counts
+        as a nan iteration when a loss or its grad norm is not finite."""
+        groups = {}
+        for keys, with_norm, row in self._rows:
+            groups.setdefault((keys, with_norm), []).append(row)
+        for (keys, _), rows in groups.items():
+            rows = torch.stack(rows)  # [iterations, 1 + losses (+ grad norm)]
+            skipped = rows[:, 0] != 0
+            nonfinite = ~torch.isfinite(rows[:, 1:].sum(dim=1))
+            self.skipped = self.skipped + int(skipped.sum())
+            self.nan = self.nan + int((skipped & nonfinite).sum())
+            self.advanced = self.advanced + int((~skipped).sum())
+            kept = torch.where(skipped[:, None], 0.0, rows[:, 1:1 + len(keys)]).sum(dim=0)
+            for key, total in zip(keys, kept):
+                self.losses[key] = self.losses.get(key, 0.0) + total
+        self._rows = []
 
 
 class TrainingLogger:
@@ -225,6 +241,7 @@ class TrainingLogger:
         if decoupled_learning_rate is not None:
             fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
         fields.append(f"global batch size: {batch_size:5d}")
+        interval.settle()
         advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
         for key, total in interval.losses.items():
             average = float(total) / max(advanced, 1)
