@@ -81,6 +81,9 @@ class ChainedOptimizer(MegatronOptimizer):
     def get_loss_scale(self) -> torch.Tensor:
         return self.chained_optimizers[0].get_loss_scale()
 
+    def scales_loss(self) -> bool:
+        return self.chained_optimizers[0].scales_loss()
+
     def reload_model_params(self) -> None:
         for optimizer in self.chained_optimizers:
             optimizer.reload_model_params()

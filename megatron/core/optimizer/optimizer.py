@@ -81,6 +81,8 @@ class MegatronOptimizer(ABC):
     expert groups for the optimizer of expert-parallel params.
     """
 
+    _unit_loss_scale: Optional[torch.Tensor] = None  # 1.0 on the device, made once (`_no_loss_scale`)
+
     def __init__(self, optimizer: torch.optim.Optimizer, config: OptimizerConfig):
         self.optimizer = optimizer
         self.config = config
@@ -150,8 +152,19 @@ class MegatronOptimizer(ABC):
         return None
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """`loss * loss_scale`: what to call backward on under fp16."""
-        return self.get_loss_scale() * loss
+        """`loss * loss_scale`: what to call backward on under fp16; the loss itself without loss scaling."""
+        return self.get_loss_scale() * loss if self.scales_loss() else loss
+
+    def scales_loss(self) -> bool:
+        """Whether the loss is multiplied by a loss scale (fp16) before backward."""
+        return True
+
+    def _no_loss_scale(self) -> torch.Tensor:
+        """`get_loss_scale` without loss scaling: 1.0 as a 1-element device tensor, the same one every call (a
+        fresh one was a fill kernel and a walk over the params per call, on the host's path between steps)."""
+        if self._unit_loss_scale is None:
+            self._unit_loss_scale = torch.ones(1, dtype=torch.float, device=self.get_parameters()[0].device)
+        return self._unit_loss_scale
 
     @property
     def param_groups(self) -> List[dict]:
@@ -293,10 +306,10 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         self._fused_adamw = None  # decided at the first step, once the main params exist
 
     def get_loss_scale(self) -> torch.Tensor:
-        if self.grad_scaler is None:
-            device = self.get_parameters()[0].device
-            return torch.ones(1, dtype=torch.float, device=device)
-        return self.grad_scaler.scale
+        return self._no_loss_scale() if self.grad_scaler is None else self.grad_scaler.scale
+
+    def scales_loss(self) -> bool:
+        return self.grad_scaler is not None
 
     def reload_model_params(self) -> None:
         self._copy_model_params_to_main_params()
@@ -546,7 +559,10 @@ class FP32Optimizer(MegatronOptimizer):
             _zero_grads(group["params"], set_to_none)
 
     def get_loss_scale(self) -> torch.Tensor:
-        return torch.ones(1, dtype=torch.float, device=self.get_parameters()[0].device)
+        return self._no_loss_scale()
+
+    def scales_loss(self) -> bool:
+        return False
 
     @torch.no_grad()
     def prepare_main_grads(self) -> bool:
