@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.core.extensions.apex import describe_norms, fused_norms_for, load_fused_norms
+from megatron.core.extensions.apex import describe_norms, fused_norms_for, layer_norm, load_fused_norms, rms_norm
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -93,7 +93,7 @@ def test_loader_needs_apex_and_its_cuda_extension(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "apex.normalization", None)
     monkeypatch.setitem(sys.modules, "apex.normalization.fused_layer_norm", None)
     assert load_fused_norms() is None
-    assert describe_norms() == "torch layer_norm / rms_norm (apex's fused norms not installed)"
+    assert describe_norms() == "torch layer_norm / rms_norm, compiled on CUDA (apex's fused norms not installed)"
     _install_stand_in_apex(monkeypatch, [], with_cuda_extension=False)
     assert load_fused_norms() is None and "without its CUDA extension fused_layer_norm_cuda" in caplog.text
     _install_stand_in_apex(monkeypatch, [], with_rms_norm=False)
@@ -123,3 +123,27 @@ def test_apex_takes_the_norms_on_gpu(monkeypatch, normalization):
     assert calls == [{"LayerNorm": "layer_norm", "RMSNorm": "rms_norm"}[normalization]]
     torch.testing.assert_close(ours[0], expected.detach(), atol=1e-2, rtol=1.6e-2)
     assert fused_norms_for(x.float(), norm.weight) is None  # fp32 input, bf16 weight: torch's kernel
+
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(7, 3, 64), (256, 4, 2048)])
+def test_torch_norms_compiled_on_cuda_equal_eager_torch(dtype, shape):
+    """Without apex, layer_norm and rms_norm run torch's norm compiled on CUDA: its output and the gradients of
+    input, weight and bias equal eager torch's on the same inputs, to rounding (bf16: 1e-2 of the largest value,
+    fp32: 1e-5)."""
+    generator = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
+    weight, bias = (1 + 0.1 * torch.randn(shape[-1], device="cuda", dtype=dtype, generator=generator) for _ in range(2))
+    cases = ((lambda x, w, b: layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, w.shape, w, b, 1e-5),
+              (x, weight, bias)),
+             (lambda x, w: rms_norm(x, w, 1e-5), lambda x, w: F.rms_norm(x, w.shape, w, 1e-5), (x, weight)))
+    for ours, eager, inputs in cases:
+        got = output_and_grads(ours, [t.clone().requires_grad_() for t in inputs])
+        expected = output_and_grads(eager, [t.clone().requires_grad_() for t in inputs])
+        for mine, theirs in zip(got, expected):
+            tolerance = (1e-2 if dtype == torch.bfloat16 else 1e-5) * theirs.abs().max().item()
+            torch.testing.assert_close(mine, theirs, atol=tolerance, rtol=0)

@@ -70,7 +70,7 @@ def test_banner_names_the_kernels_of_attention_norms_and_optimizer(monkeypatch):
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     text = "\n".join(banner_lines(_args(monkeypatch, "--mock-data", "--bf16"), _ranks(1), num_microbatches=2))
     assert "  attention: torch SDPA" in text and "; flash-attn not installed" in text
-    assert "  norms: torch layer_norm / rms_norm (apex's fused norms not installed)" in text
+    assert "  norms: torch layer_norm / rms_norm, compiled on CUDA (apex's fused norms not installed)" in text
     assert f"  optimizer: {adam_step_kernel(device_type, True)}; apex FusedAdam is not used" in text
     assert "  Transformer Engine: not installed (not needed: the layers are pure PyTorch)" in text
     args = _args(monkeypatch, "--mock-data", "--attention-backend", "unfused", "--optimizer", "sgd")
