@@ -80,14 +80,15 @@ def _step_blocks(step: int, neighbours: _RingNeighbours, causal: bool, n: int):
     return slice(n, 2 * n), everything, None
 
 
-def _written_on(part: slice, block: torch.Tensor, shape, dim: int) -> torch.Tensor:
-    """A fresh fp32 tensor of `shape` holding `block` on `part` of dimension `dim` and zeros elsewhere."""
-    whole = torch.empty(shape, dtype=torch.float32, device=block.device)
+def _write_on(whole: torch.Tensor, part: slice, block: torch.Tensor, dim: int) -> torch.Tensor:
+    """Writes `block` into `part` of dimension `dim` of `whole` (a part that starts at 0 or runs to the end) and
+    zeros into the rest; returns `whole`."""
     if part == slice(None):
         return whole.copy_(block)
-    rest = slice(part.stop, None) if part.start in (None, 0) else slice(0, part.start)
-    whole.narrow(dim, part.start or 0, block.size(dim)).copy_(block)
-    whole.narrow(dim, rest.start or 0, shape[dim] - block.size(dim)).zero_()
+    start, size = part.start or 0, block.size(dim)
+    whole.narrow(dim, start, size).copy_(block)
+    rest = (start + size, whole.size(dim) - start - size) if start == 0 else (0, start)
+    whole.narrow(dim, *rest).zero_()
     return whole
 
 
@@ -147,11 +148,13 @@ class RingAttention(torch.autograd.Function):
                 out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout, ctx.use_cudnn,
             )
             if dq is None:
-                dq = _written_on(rows, block_dq, q.shape, dim=-2)
+                dq = _write_on(torch.empty(q.shape, dtype=torch.float32, device=q.device), rows, block_dq, dim=-2)
             else:
                 dq[..., rows, :] += block_dq
             if grad_requests is None:  # the block's first share (step c - 1)
-                grads = _written_on(columns, torch.stack((block_dk, block_dv)), (2,) + k.shape, dim=-2)
+                grads = torch.empty((2,) + k.shape, dtype=torch.float32, device=k.device)
+                _write_on(grads[0], columns, block_dk, dim=-2)
+                _write_on(grads[1], columns, block_dv, dim=-2)
             else:  # the shares of the ranks that held it before, from the next rank
                 neighbours.finish(grad_requests)
                 grads = incoming_grads
