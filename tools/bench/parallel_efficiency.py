@@ -18,19 +18,20 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 | TP=2 + SP + --tp-comm-overlap (symmetric memory where the GPUs allow it) | 2 | 4 | same |
 | TP=2 + SP + --tp-comm-overlap, chunked (MEGATRON_TP_COMM_OVERLAP_IMPL=chunked) | 2 | 4 | same |
 | TP=2, no SP | 2 | 4 | same |
-| DP=2, distributed optimizer, both overlaps | 2 | 8 | same |
+| DP=2, distributed optimizer, both overlaps (also with CUDA_DEVICE_MAX_CONNECTIONS=8) | 2 | 8 | same |
 | PP=2 1F1B, 8 micro batches | 2 | 32 | ideal step / step, ideal = one GPU's step / 2 x (m + p - 1) / m |
 | PP=2 interleaved, 2 virtual stages | 2 | 32 | same ideal (the interleaved bubble is smaller: above 100% is possible) |
 
 --extra adds: mbs8 (TP=2 + SP with and without the overlap at micro batch 8: what a micro batch costs beyond its
-tokens), graph (one GPU, TP=2 + SP (also with the overlap) and TP=2 with `--cuda-graph-impl full_iteration`,
-against the one-GPU graph row: what remains when the host no longer launches each kernel), cp (GPT 1.3B shape +
-RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 ring against one GPU), ep (Mixtral-style MoE with 8
-layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b (Llama-style 8B at TP=2 + SP with bf16
-Adam moments to fit 2 x 80 GB, eager and graphed, against TP=1 of the same layer shapes with 4 layers:
-TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the data-parallel groups' NCCL kernels capped
-at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority streams, `--high-priority-stream-groups dp
-dp_cp`).
+tokens), graph (one GPU, TP=2 + SP (also with the overlap, symmetric memory and chunked) and TP=2 with
+`--cuda-graph-impl full_iteration`, against the one-GPU graph row: what remains when the host no longer launches
+each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 with the distributed
+optimizer and both overlaps, ring with 1 and 8 CUDA connections and all-gather, against one GPU), ep
+(Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b (Llama-style
+8B at TP=2 + SP with bf16 Adam moments to fit 2 x 80 GB, eager, graphed and graphed with the overlap, against TP=1
+of the same layer shapes with 4 layers: TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the
+data-parallel groups' NCCL kernels capped at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority
+streams, `--high-priority-stream-groups dp dp_cp`).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
 of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
