@@ -242,7 +242,10 @@ class FusedAdamW:
         if skip is None:
             torch._foreach_add_(self._step_tensors, 1.0)
         else:
-            torch._foreach_add_(self._step_tensors, (1 - skip).float().reshape(()))
+            # A list of tensors: given one 0-dim tensor, torch picks the Scalar overload and reads it on the host,
+            # which waited for the whole forward and backward every step.
+            increment = (1 - skip).float().reshape(())
+            torch._foreach_add_(self._step_tensors, [increment] * len(self._step_tensors))
         for (model_dtype, exp_avg_dtype, exp_avg_sq_dtype), table in self._launches.items():
             _adamw_kernel[(table.num_blocks,)](
                 table.block_tensor, table.block_start, table.numels, table.tensor_group, group_table,
