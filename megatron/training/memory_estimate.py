@@ -74,6 +74,11 @@ and its dropout mask, the final norm output, the logits and their fp32 softmax f
 holds min(PP, microbatches) microbatches in flight (1F1B). Not modelled: attention dropout where SDPA has
 no fused kernel that applies it (the CPU), which then keeps s x s probabilities per head.
 
+With context parallelism (CP ranks) each rank holds s / CP of the sequence: every count above takes s / CP,
+and a layer keeps the keys and values of the other ranks its attention used: with the ring (p2p) the one
+block its forward received last (2k . s/CP . b . B / TP, kept for the backward's first step), with
+all-gather the gathered sequence (2k . s . b . B / TP). A list of types per layer counts each layer by its own.
+
 A MoE layer keeps, instead of the MLP's, for its t.topk/EP routed rows (balanced routing): the permuted
 input, the experts' fc1 and activation outputs, the expert output before and after weighting, and the
 router's fp32 logits and probabilities (measured on CPU: within 1% of what the layer saves), and its shared
@@ -307,9 +312,21 @@ def _routed_rows(args, tokens: int) -> int:
     return tokens * args.moe_router_topk // args.expert_model_parallel_size
 
 
-def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens: int = 0) -> int:
-    """Bytes one layer keeps for backward for `tokens` tokens of a microbatch (module docstring); a T5
-    decoder layer's cross-attention over `encoder_tokens` adds its norm, q, k, v and output."""
+def _context_parallel_keys(args, tokens: int, layer_index: int) -> int:
+    """Elements per key/value width that layer `layer_index` (0-based) keeps of the other CP ranks' keys and
+    values for `tokens` tokens of this rank (module docstring)."""
+    cp = args.context_parallel_size
+    if cp == 1:
+        return 0
+    types = args.cp_comm_type
+    kind = types[0] if len(types) == 1 else types[layer_index]
+    return tokens * (cp if kind in ("all_gather", "allgather") else 1)
+
+
+def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens: int = 0,
+                            layer_index: int = 0) -> int:
+    """Bytes one layer keeps for backward for `tokens` tokens of a microbatch on this rank (module docstring);
+    a T5 decoder layer's cross-attention over `encoder_tokens` adds its norm, q, k, v and output."""
     h, B = args.hidden_size, 2 if (args.fp16 or args.bf16) else 4
     tp = args.tensor_model_parallel_size
     q, k = _query_key_widths(args)
@@ -318,6 +335,7 @@ def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens
     attention_split, attention_replicated = _attention_activation_widths(args)
     kept = (4 * tokens * h * B + masks + tokens * attention_replicated * B) // replicated_share
     kept += tokens * attention_split * B // tp
+    kept += 2 * k * _context_parallel_keys(args, tokens, layer_index) * B // tp
     if encoder_tokens:
         kept += (2 * tokens * h * B + (masks // 2)) // replicated_share
         kept += (tokens * 2 * q + encoder_tokens * 2 * k) * B // tp
@@ -367,7 +385,7 @@ def _activation_bytes(args) -> tuple[int, int]:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     B = 2 if (args.fp16 or args.bf16) else 4
     replicated_share = tp if args.sequence_parallel else 1
-    tokens = args.seq_length * b
+    tokens = args.seq_length // args.context_parallel_size * b  # this rank's part of the sequence
     if _encoder_and_decoder(args):
         decoder_tokens = args.decoder_seq_length * b
         layers = [_layer_activation_bytes(args, tokens)] * args.encoder_num_layers + [
@@ -377,7 +395,8 @@ def _activation_bytes(args) -> tuple[int, int]:
         moe_layers = []
     else:
         moe_layers = [parameters[2] > 0 for parameters in _first_stage_layers(args)]
-        layers = [_layer_activation_bytes(args, tokens, moe=moe) for moe in moe_layers]
+        layers = [_layer_activation_bytes(args, tokens, moe=moe, layer_index=index)
+                  for index, moe in enumerate(moe_layers)]
         decoder_tokens, inputs = tokens, len(layers) * tokens * h * B
     # Backward's working set: about two gradients of the largest fc1 output (dense, or the routed rows').
     gate = 2 if args.swiglu else 1
