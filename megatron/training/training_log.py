@@ -111,7 +111,7 @@ class _Interval:
         self.advanced = 0
         self.skipped = 0
         self.nan = 0
-        self._rows = []  # (loss keys, with a grad norm, row tensor) of device-flagged iterations
+        self._rows = []  # (loss keys, row tensor) of device-flagged iterations
 
     def add(self, loss_dict: dict, skipped_iter, grad_norm) -> None:
         """Counts one iteration: `skipped_iter` 0/1, or a device flag (nonzero: its update was skipped)."""
@@ -122,7 +122,7 @@ class _Interval:
             if grad_norm is not None:
                 values.append(torch.as_tensor(grad_norm, dtype=torch.float32).reshape(()).to(values[0].device))
             # A copy: the values may be buffers the next iteration rewrites (a CUDA graph's outputs).
-            self._rows.append((tuple(loss_dict), grad_norm is not None, torch.stack(values)))
+            self._rows.append((tuple(loss_dict), torch.stack(values)))
         elif skipped_iter:
             self.skipped += 1
             # A step skipped for non-finite gradients has a finite loss; its grad norm then reads NaN.
@@ -136,9 +136,9 @@ class _Interval:
     def settle(self) -> None:
         """Folds the device-flagged rows into the counts: a skipped iteration's losses are left out; it counts
         as a nan iteration when a loss or its grad norm is not finite."""
-        groups = {}
-        for keys, with_norm, row in self._rows:
-            groups.setdefault((keys, with_norm), []).append(row)
+        groups = {}  # rows of one layout: the same losses, with or without a grad norm
+        for keys, row in self._rows:
+            groups.setdefault((keys, row.numel()), []).append(row)
         for (keys, _), rows in groups.items():
             rows = torch.stack(rows)  # [iterations, 1 + losses (+ grad norm)]
             skipped = rows[:, 0] != 0

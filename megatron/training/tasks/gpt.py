@@ -68,9 +68,19 @@ def model_provider(args, pre_process: bool = True, post_process: bool = True,
     )
 
 
-def get_batch(data_iterator, reset_attention_mask: bool):
+def samples_carry_attention_mask(args) -> bool:
+    """Whether the dataset builds an attention mask and the batches use it: only a reset one
+    (--reset-attention-mask), and only when the data loader makes masks (not --no-create-attention-mask-in-
+    dataloader). Megatron-LM builds the plain causal [1, s, s] mask by default and its attention kernels then
+    ignore it; building it is all its cost: 1 GiB per sample at seq 32768, copied by the DataLoader workers,
+    collated and pinned, which stalled a CP=2 step at seq 32768 by ~100 ms on the host. The batches the model
+    sees are the same either way."""
+    return args.reset_attention_mask and args.create_attention_mask_in_dataloader
+
+
+def get_batch(data_iterator, with_attention_mask: bool):
     """(tokens, labels, loss_mask, attention_mask, position_ids) of the next microbatch, on the device; the
-    attention mask only with `reset_attention_mask` (--reset-attention-mask), None otherwise.
+    attention mask only `with_attention_mask` (`samples_carry_attention_mask`), None otherwise.
 
     TP rank 0 reads it and broadcasts it to the other ranks of its tensor-parallel group, which hold no
     data iterator. Stages that neither embed nor compute the loss need no data (pipeline parallelism; with
@@ -82,7 +92,7 @@ def get_batch(data_iterator, reset_attention_mask: bool):
     ):
         return None, None, None, None, None
     keys = GPT_BATCH_KEYS
-    if not reset_attention_mask:
+    if not with_attention_mask:
         # The mask is then the plain causal one, which attention applies by itself (and SDPA can then use
         # its flash kernels, which take no explicit mask): it is neither sent nor used.
         keys = tuple(key for key in GPT_BATCH_KEYS if key != "attention_mask")
@@ -148,7 +158,9 @@ def forward_step(args, data_iterator, model):
     """Megatron's GPT forward step: the model returns per-token losses when given labels."""
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, args.reset_attention_mask)
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(
+        data_iterator, samples_carry_attention_mask(args)
+    )
     timers("batch-generator").stop()
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     return output_tensor, partial(loss_func, loss_mask, args=args)
@@ -162,13 +174,8 @@ def is_dataset_built_on_rank() -> bool:
 
 
 def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
-    """The GPT dataset config of the arguments (with --fim-data, the fill-in-the-middle one).
-
-    The samples carry an attention mask only where `get_batch` uses it, with --reset-attention-mask (and
-    without --no-create-attention-mask-in-dataloader). Megatron-LM builds the plain causal [1, s, s] mask
-    by default and its attention kernels then ignore it; building it is all its cost: 1 GiB per sample at
-    seq 32768, copied by the DataLoader workers, collated and pinned, which stalled a CP=2 step at seq 32768
-    by ~100 ms on the host. The batches the model sees are the same either way."""
+    """The GPT dataset config of the arguments (with --fim-data, the fill-in-the-middle one); an attention
+    mask only where the batches use it (`samples_carry_attention_mask`)."""
     blend, blend_per_split = get_blend_and_blend_per_split(args)
     fim = {}
     if args.fim_data:
@@ -191,7 +198,7 @@ def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.create_attention_mask_in_dataloader and args.reset_attention_mask,
+        create_attention_mask=samples_carry_attention_mask(args),
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
     )
 

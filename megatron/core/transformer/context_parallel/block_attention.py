@@ -47,6 +47,7 @@ What runs where (`_fused_kernel`):
 """
 
 import contextlib
+import functools
 
 import torch
 
@@ -161,12 +162,17 @@ def _runs_in_flash_kernel(q, k, v, causal_offset) -> bool:
     return _flash_kernel_takes(q, k, v) and (causal_offset is None or causal_offset == k.size(-2) - q.size(-2) >= 0)
 
 
+@functools.cache
+def _cudnn_device(device: torch.device) -> bool:
+    """Whether `device` (CUDA) has cuDNN's fused attention: sm90+ and cuDNN 9+; asked once per device."""
+    return (torch.cuda.get_device_capability(device) >= (9, 0) and torch.backends.cudnn.is_available()
+            and torch.backends.cudnn.version() >= _CUDNN_MIN_VERSION)
+
+
 def _cudnn_kernel_takes(q, dropout) -> bool:
     """Whether cuDNN's fused attention takes a block that the flash kernel takes (module docstring)."""
     return (
-        q.is_cuda and dropout is None and q.size(-1) <= _CUDNN_MAX_HEAD_DIM
-        and torch.cuda.get_device_capability(q.device) >= (9, 0)
-        and torch.backends.cudnn.is_available() and torch.backends.cudnn.version() >= _CUDNN_MIN_VERSION
+        q.is_cuda and dropout is None and q.size(-1) <= _CUDNN_MAX_HEAD_DIM and _cudnn_device(q.device)
         and torch.backends.cuda.cudnn_sdp_enabled()
     )
 

@@ -133,10 +133,10 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse, key_values = ctx.saved_tensors
         neighbours = _RingNeighbours(ctx.group)
         n = q.size(-2) // 2
-        own_key_values = torch.stack((k, v))
-        if key_values is None:
-            key_values = own_key_values
-        dq = grads = grad_requests = None  # fp32 query gradient; the held block's dK/dV accumulator
+        if key_values is None:  # one rank: its own block only
+            key_values = (k, v)
+        dq = grads = None  # fp32 query gradient; the held block's dK/dV accumulator
+        incoming_grads = grad_requests = None  # the accumulator of the next step's block, on its way
         for step in reversed(range(neighbours.size)):
             requests = None
             if step > 1:  # step - 1's block comes from the next rank; step 0's is this rank's own
@@ -166,6 +166,6 @@ class RingAttention(torch.autograd.Function):
                 neighbours.finish(requests)
                 key_values = incoming
             elif step == 1:
-                key_values = own_key_values
+                key_values = (k, v)  # step 0: this rank's own block, sent nowhere
         dk, dv = grads  # step 0: this rank's own block, every share added
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
