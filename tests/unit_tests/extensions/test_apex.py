@@ -134,7 +134,7 @@ def test_apex_takes_the_norms_on_gpu(monkeypatch, normalization):
 def test_torch_norms_compiled_on_cuda_equal_eager_torch(dtype, shape):
     """Without apex, layer_norm and rms_norm run torch's norm compiled on CUDA: its output and the gradients of
     input, weight and bias equal eager torch's on the same inputs, to rounding (bf16: 1e-2 of the largest value,
-    fp32: 1e-5)."""
+    fp32: 1e-4: the weight and bias gradients sum 1024 rows in another order)."""
     generator = torch.Generator("cuda").manual_seed(0)
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=generator)
     weight, bias = (1 + 0.1 * torch.randn(shape[-1], device="cuda", dtype=dtype, generator=generator) for _ in range(2))
@@ -145,5 +145,5 @@ def test_torch_norms_compiled_on_cuda_equal_eager_torch(dtype, shape):
         got = output_and_grads(ours, [t.clone().requires_grad_() for t in inputs])
         expected = output_and_grads(eager, [t.clone().requires_grad_() for t in inputs])
         for mine, theirs in zip(got, expected):
-            tolerance = (1e-2 if dtype == torch.bfloat16 else 1e-5) * theirs.abs().max().item()
+            tolerance = (1e-2 if dtype == torch.bfloat16 else 1e-4) * theirs.abs().max().item()
             torch.testing.assert_close(mine, theirs, atol=tolerance, rtol=0)

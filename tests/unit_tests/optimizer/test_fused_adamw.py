@@ -51,8 +51,11 @@ def check(device, exact_copy):
         grad_scale = torch.tensor([1.0 + step], device=device) if step % 2 else None
         for param, grad in zip(reference, grads):
             param.grad = grad / grad_scale if grad_scale is not None else grad.clone()
-        for param, grad in zip(main, grads):
-            param.grad = grad.clone()
+        for param, grad in zip(main, grads):  # persistent gradients, as a trainer's main_grad buffers
+            if param.grad is None:
+                param.grad = grad.clone()
+            else:
+                param.grad.copy_(grad)
         if step == 2:  # a new schedule value reaches the kernel
             for group in torch_adamw.param_groups + optimizer.param_groups:
                 group["lr"] *= 0.5
