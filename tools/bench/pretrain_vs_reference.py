@@ -15,6 +15,8 @@ clip 1.0) this runs, one after the other on the same GPU:
 
 With `--profile`, `pretrain_gpt.py --profile --use-pytorch-profiler` profiles three iterations after the timed
 ones and the reference three steps: one summary line each (kernel time per class, GPU busy, launches).
+`--trace-dir DIR` keeps our runs' traces (with Python call stacks, for `kernel_sources.py`) under
+DIR/<config>_<variant>/.
 The table comes last.
 """
 
@@ -24,6 +26,7 @@ import os
 import re
 import shlex
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,9 +43,9 @@ _MEMORY = re.compile(r"max allocated: ([\d.]+)")
 _PROFILE = re.compile(r"^profile of iterations .*$", re.MULTILINE)
 
 
-def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool) -> dict:
+def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool, keep_trace: str = "") -> dict:
     """Trains `name` with pretrain_gpt.py (+ `extra` flags); tokens/s, peak GiB and the profile line (with
-    the top kernels' table under "kernels")."""
+    the top kernels' table under "kernels"). `keep_trace`: a directory the profile's traces are copied to."""
     flags = f"{COMMON} {CONFIGS[name][0]} --global-batch-size {_micro_batch(name, extra)} {extra}"
     flags = flags.replace("--train-iters 1000", f"--train-iters {iters}")
     flags += f" --log-interval {LOG_INTERVAL}"
@@ -50,10 +53,14 @@ def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool) -> dict:
         if profile:
             flags += (f" --profile --use-pytorch-profiler --profile-step-start {iters - 3} --profile-step-end {iters}"
                       f" --tensorboard-dir {scratch}/tb")
+            if keep_trace:
+                flags += " --pytorch-profiler-collect-callstack"
         done = subprocess.run([sys.executable, "pretrain_gpt.py", *shlex.split(flags)], cwd=ROOT,
                               capture_output=True, text=True)
         kernels_path = os.path.join(scratch, "torch_profile", "rank-0.kernels.txt")
         kernels = open(kernels_path).read() if os.path.exists(kernels_path) else ""
+        if keep_trace and os.path.isdir(os.path.dirname(kernels_path)):
+            shutil.copytree(os.path.dirname(kernels_path), keep_trace, dirs_exist_ok=True)
     output = done.stdout + done.stderr
     if done.returncode != 0:
         error = "out of memory" if "OutOfMemoryError" in output else f"exit {done.returncode}"
@@ -126,13 +133,16 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=40, help="pretrain_gpt.py iterations per run")
     parser.add_argument("--profile", action="store_true", help="profile three steps of each run")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--trace-dir", default="", help="with --profile: keep our runs' traces under this directory")
     options = parser.parse_args()
     variants = [entry.partition("=")[::2] for entry in options.variants.split(";") if entry.strip()]
     rows = []
     for name in options.configs.split(","):
         references = {}
         for label, extra in variants:
-            ours = run_pretrain_gpt(name, extra, options.iters, options.profile)
+            keep_trace = (os.path.join(options.trace_dir, f"{name}_{re.sub(r'[^A-Za-z0-9.-]', '_', label.strip())}")
+                          if options.trace_dir and options.profile else "")
+            ours = run_pretrain_gpt(name, extra, options.iters, options.profile, keep_trace)
             micro_batch = _micro_batch(name, extra)
             if not options.skip_reference and micro_batch not in references:
                 references[micro_batch] = run_reference(name, micro_batch, options.profile)
