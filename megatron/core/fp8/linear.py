@@ -14,8 +14,8 @@ that quantize X and dY. Saved for backward: q_X^T (one byte per element instead 
 itself with wgrad=False. The forward GEMM accumulates with cuBLAS' fast mode and the two backward GEMMs
 without it, as Transformer Engine and torchao do.
 
-With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` and the weight is marked
-`grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (DDP
+With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` (db into the bias's) and the
+weight is marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of a step (DDP
 marked `main_grad` as holding nothing yet, or zeroed it and nothing has written it since) is written straight
 into `main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8 (params.py) takes this path
 always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd would cast its dW to FP8.
@@ -31,6 +31,7 @@ import torch
 from megatron.core.fp8.params import is_fp8_param
 from megatron.core.fp8.scaling import GRAD_OUTPUT, INPUT, Fp8Scaling
 from megatron.core.fusions.fused_weight_gradient import (
+    add_bias_gradient,
     add_weight_gradient,
     can_accumulate_in_main_grad,
     takes_main_grad,
@@ -78,7 +79,7 @@ class _Fp8Linear(torch.autograd.Function):
         ctx.weight, ctx.weight_transposed, ctx.weight_scale_inv = weight, q_w.transposed, q_w.scale_inv
         ctx.input_scale_inv = q_x.scale_inv
         ctx.scaling, ctx.record, ctx.accumulate, ctx.fp8_wgrad = scaling, record, accumulate, fp8_wgrad
-        ctx.has_bias, ctx.input_shape = bias is not None, input.shape
+        ctx.bias, ctx.input_shape = bias, input.shape
         return output.view(*input.shape[:-1], out_features)
 
     @staticmethod
@@ -93,7 +94,9 @@ class _Fp8Linear(torch.autograd.Function):
                                     grad_output.dtype)
             grad_input = grad_input.view(ctx.input_shape)
         grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, ctx.input_scale_inv, weight)
-        grad_bias = dy.sum(dim=0) if ctx.has_bias else None
+        grad_bias = None
+        if ctx.bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = add_bias_gradient(ctx.bias, dy) if ctx.accumulate else dy.sum(dim=0)
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
 

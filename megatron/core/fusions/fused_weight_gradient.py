@@ -9,7 +9,11 @@ apex's `fused_weight_gradient_mlp_cuda` (`--gradient-accumulation-fusion`); here
 fp32 GEMM with beta = 1 (`torch.addmm(..., out_dtype=float32, out=main_grad)`) does it without apex.
 
 The backward hands autograd an uninitialised dummy for dW and sets `weight.grad_added_to_main_grad`,
-which tells DDP's hook not to add it (the same protocol as Megatron-LM).
+which tells DDP's hook not to add it (the same protocol as Megatron-LM). The bias goes the same way:
+b.main_grad += 1^T dY, a GEMV with fp32 output (`add_bias_gradient`). Autograd's bf16 column sum of dY
+read it at ~430 GB/s on an H100 for GPT-2 small's [8192, 2304] (29 us, 1.9 TB/s for GPT 1.3B's
+[8192, 6144]: 1.3 ms a step), and DDP's hook then copied the bf16 result into main_grad (one more launch
+per bias).
 
 DDP does not zero its gradient buffer at the start of a step: it marks each param `overwrite_main_grad`
 (Megatron-FSDP's name for it) instead, meaning "main_grad holds nothing of this step yet". The first writer
@@ -44,14 +48,30 @@ def add_weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input: 
     weight.grad_added_to_main_grad = True
 
 
+def add_bias_gradient(bias: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """bias.main_grad [out] += the column sums of grad_output [n, out] (fp32, written when main_grad holds
+    nothing of this step yet), marking the bias `grad_added_to_main_grad`; returns the never-read placeholder
+    gradient to hand autograd. Where the bias has no fp32 main_grad to take it: the bf16 column sums."""
+    if not can_accumulate_in_main_grad(bias):
+        return grad_output.sum(dim=0)
+    main_grad = bias.main_grad.view(1, -1)
+    beta = 0.0 if takes_main_grad(bias) else 1.0
+    ones = grad_output.new_ones(1, grad_output.size(0))
+    if main_grad.is_cuda:
+        torch.addmm(main_grad, ones, grad_output, beta=beta, out_dtype=main_grad.dtype, out=main_grad)
+    else:
+        main_grad.addmm_(ones.to(main_grad.dtype), grad_output.to(main_grad.dtype), beta=beta)
+    bias.grad_added_to_main_grad = True
+    return torch.empty_like(bias)
+
+
 class _LinearWithGradAccumulation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias):
         ctx.save_for_backward(input)
         # The parameter itself, not a saved copy: activation recomputation (torch.utils.checkpoint) hands
         # back recomputed saved tensors, which lack main_grad.
-        ctx.weight = weight
-        ctx.has_bias = bias is not None
+        ctx.weight, ctx.bias = weight, bias
         return F.linear(input, weight, bias)
 
     @staticmethod
@@ -61,7 +81,7 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [n, out]
         add_weight_gradient(weight, grad_output_2d, input.reshape(-1, input.size(-1)))
         dummy_weight_grad = torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
-        grad_bias = grad_output_2d.sum(dim=0) if ctx.has_bias else None
+        grad_bias = add_bias_gradient(ctx.bias, grad_output_2d) if ctx.bias is not None else None
         return grad_input, dummy_weight_grad, grad_bias
 
 

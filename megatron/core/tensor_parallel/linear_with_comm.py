@@ -21,14 +21,14 @@ With `overlap` (--tp-comm-overlap) the sequence collectives are fused with the G
 layer's dX and AG_s + GEMM of the row layer's dX. The results are those of the plain order: the same
 products and, for p = 2, the same sums.
 
-With `accumulate` (gradient-accumulation fusion), dA is added straight into the weight's fp32 `main_grad`
-and the weight marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py).
+With `accumulate` (gradient-accumulation fusion), dA and db are added straight into the fp32 `main_grad` of
+the weight and bias, which are marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py).
 """
 
 import torch
 import torch.nn.functional as F
 
-from megatron.core.fusions.fused_weight_gradient import add_weight_gradient
+from megatron.core.fusions.fused_weight_gradient import add_bias_gradient, add_weight_gradient
 from megatron.core.tensor_parallel.comm_overlap import (
     all_gather_matmul,
     matmul_reduce_scatter,
@@ -53,7 +53,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(input_)
         # The parameter itself, not a saved copy: activation recomputation hands back recomputed saved
         # tensors, which lack main_grad.
-        ctx.weight, ctx.has_bias = weight, bias is not None
+        ctx.weight, ctx.bias = weight, bias
         ctx.communication = group, rank, world_size, sequence_parallel, overlap, accumulate
         if not sequence_parallel:
             return F.linear(input_, weight, bias)
@@ -79,7 +79,9 @@ class _ColumnParallelLinear(torch.autograd.Function):
         if need_weight:
             total_input = gathering.wait() if gathering is not None else input_
             grad_weight = _weight_gradient(weight, grad_output, total_input, accumulate)
-        grad_bias = rows(grad_output).sum(dim=0) if ctx.has_bias and need_bias else None
+        grad_bias = None
+        if ctx.bias is not None and need_bias:
+            grad_bias = add_bias_gradient(ctx.bias, rows(grad_output)) if accumulate else rows(grad_output).sum(dim=0)
         grad_input = grad_input.wait() if grad_input is not None else None
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 

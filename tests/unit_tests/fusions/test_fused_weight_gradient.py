@@ -1,6 +1,6 @@
-"""linear_with_grad_accumulation: the weight gradient lands in DDP's fp32 main_grad (summed over
-backward passes, written over whatever an emptied buffer held) and nowhere else; input and bias gradients
-are autograd's. Reference: float64 sums."""
+"""linear_with_grad_accumulation: the weight and bias gradients land in DDP's fp32 main_grad (summed over
+backward passes, written over whatever an emptied buffer held) and nowhere else; the input gradient is
+autograd's. Reference: float64 sums."""
 
 from types import SimpleNamespace
 
@@ -52,7 +52,7 @@ def _run(device):
         for name, param in model.named_parameters():
             assert param.grad is None and param.main_grad.dtype == torch.float32
             torch.testing.assert_close(param.main_grad.cpu().double(), expected[name], atol=3e-2, rtol=2e-2)
-        assert model.fc1.weight.grad_added_to_main_grad and not model.fc1.bias.grad_added_to_main_grad
+        assert all(param.grad_added_to_main_grad for param in model.parameters())
 
 
 def test_weight_gradients_accumulate_in_main_grad_on_cpu(single_rank_groups):
@@ -70,3 +70,15 @@ def test_plain_linear_without_main_grad():
     x = torch.randn(2, 8, dtype=torch.bfloat16)
     linear_with_grad_accumulation(x, weight, None).sum().backward()
     torch.testing.assert_close(weight.grad, torch.ones(2, 4, dtype=torch.bfloat16).t() @ x)
+
+
+def test_bias_without_main_grad_gets_autograds_gradient():
+    """A bias with no fp32 main_grad beside a weight with one gets autograd's column sums, unmarked."""
+    weight = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.bfloat16, requires_grad=True)
+    weight.main_grad = torch.zeros(4, 8)
+    x, g = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(3, 4, dtype=torch.bfloat16)
+    linear_with_grad_accumulation(x, weight, bias).backward(g)
+    torch.testing.assert_close(bias.grad, g.sum(dim=0))
+    torch.testing.assert_close(weight.main_grad, g.float().t() @ x.float())
+    assert weight.grad_added_to_main_grad and not hasattr(bias, "grad_added_to_main_grad")
