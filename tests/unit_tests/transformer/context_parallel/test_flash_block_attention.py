@@ -119,6 +119,34 @@ def test_flash_block_equals_tiled_block_and_plain_attention(kernel, case):
         _assert_close(got, tiled, tolerance, f"d{name} vs tiles")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_block_takes_the_models_strided_layout(kernel, causal):
+    """Queries, keys and values as the model hands them over (views of [s, b, heads, d]) and row / column
+    slices of those (a ring step's block) give the results of their dense copies: the kernels read the strides."""
+    device, dtype, tolerance, fused = kernel
+    generator = torch.Generator().manual_seed(11)
+    s, b, groups, per_group, d = 192, 2, 2, 2, 64
+    query = torch.randn(s, b, groups * per_group, d, generator=generator).to(device=device, dtype=dtype)
+    key, value = (torch.randn(s, b, groups, d, generator=generator).to(device=device, dtype=dtype) for _ in range(2))
+    q = block_attention.grouped_queries(query, groups)[..., s // 2:, :]  # the second half of the rows
+    k, v = (block_attention.grouped_keys(t) for t in (key, value))
+    if not causal:
+        k, v = k[..., : s // 2, :], v[..., : s // 2, :]  # the first half of the keys
+    offset = s - s // 2 if causal else None
+    assert not q.is_contiguous() and not k.is_contiguous()
+    dout = torch.randn(s, b, groups * per_group, d, generator=generator).to(device=device, dtype=dtype)
+    dout = block_attention.grouped_queries(dout, groups)[..., s // 2:, :]
+    assert block_attention._fused_kernel(q, k, v, offset, None, use_cudnn=True) == fused
+    results = []
+    for tensors in ((q, k, v, dout), tuple(t.contiguous() for t in (q, k, v, dout))):
+        with torch.no_grad():
+            out, lse = block_attention_forward(*tensors[:3], d**-0.5, offset)
+            grads = block_attention_backward(tensors[3], *tensors[:3], out.to(dtype), lse, d**-0.5, offset)
+        results.append((out, lse, *grads))
+    for name, strided, dense in zip(("O", "lse", "dq", "dk", "dv"), *results):
+        _assert_close(strided, dense, tolerance / 3, name)
+
+
 def _ring_on_one_device(q, k, v, dout, cp_size, scale):
     """Ring attention of `cp_size` ranks, one rank after the other on one device: each rank's two chunks of
     queries against the key/value blocks of ring steps 0 .. c-1, with the block functions in the order and on
