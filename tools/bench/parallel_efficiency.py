@@ -264,13 +264,14 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
                 ("TP=2, no SP, CUDA graph", TP2, None)]:
             bench.ratio(bench.run(name, 2, GPT_1_3B + flags + graph, count=20, profile=True, environment=environment),
                         one)
-    if "cp" in extras:
+    if "cp" in extras or "cp-ring" in extras:  # cp-ring: the reference and the ring row only
         long = GPT_1_3B + ["--num-layers", "12", "--position-embedding-type", "rope", "--seq-length", "32768",
                            "--max-position-embeddings", "32768", "--micro-batch-size", "1", "--global-batch-size", "1"]
         one = bench.run("CP ref: one GPU, 12 layers, seq 32768", 1, long, count=10)
         # The gradients are reduced over the CP ranks: overlapped with backward, as Megatron-LM's CP recipes run.
         cp = long + ["--context-parallel-size", "2"] + DP2
         bench.ratio(bench.run("CP=2 ring, seq 32768", 2, cp, count=15, profile=True), one)
+    if "cp" in extras:
         bench.ratio(bench.run("CP=2 ring, seq 32768, 8 connections", 2, cp, count=15, profile=True,
                               environment={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}), one)
         bench.ratio(bench.run("CP=2 all-gather, seq 32768", 2, cp + ["--cp-comm-type", "allgather"], count=15,
@@ -323,7 +324,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="tp,dp,pp", help="comma-separated subset of tp,dp,pp (the main rows)")
-    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,ep,8b,nccl")
+    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,cp-ring,ep,8b,nccl")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
     parser.add_argument("--trace-dir", default=os.path.join(tempfile.gettempdir(), "parallel_efficiency_traces"),
