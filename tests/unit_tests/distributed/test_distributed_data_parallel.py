@@ -94,6 +94,31 @@ def test_backward_accumulates_into_main_grad_and_frees_grad(single_rank_groups):
     assert all(torch.isfinite(buffer).all() for buffer in ddp.main_grad_buffers())
 
 
+def test_a_backward_that_raises_leaves_nothing_held(single_rank_groups):
+    """The 1-D params' gradients (biases, norm weights) go into main_grad together when backward ends; a backward
+    that raises before its end never gets there, and the next step (after zero_grad_buffer) still gets exactly its
+    own gradients."""
+    model, reference = MLP(dtype=torch.bfloat16), MLP(dtype=torch.bfloat16)
+    ddp = DistributedDataParallel(MODEL_CONFIG, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    x, y = batch(0)
+
+    def fail(grad):
+        raise RuntimeError("interrupted")
+
+    hidden = torch.relu(model.fc1(x.bfloat16()))
+    hidden.register_hook(fail)  # runs after fc2's and the norm's gradients were taken
+    with pytest.raises(RuntimeError, match="interrupted"):
+        torch.nn.functional.mse_loss(model.fc2(model.norm(hidden)), y.bfloat16()).backward()
+    ddp.zero_grad_buffer()
+    ddp.buffers[0].grad_data.fill_(float("nan"))
+    torch.nn.functional.mse_loss(ddp(x.bfloat16()), y.bfloat16()).backward()
+    torch.nn.functional.mse_loss(reference(x.bfloat16()), y.bfloat16()).backward()
+    ddp.finish_grad_sync()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.main_grad, reference.get_parameter(name).grad.float(), rtol=2e-2, atol=2e-2,
+                                   msg=name)
+
+
 def test_a_dropped_wrapper_is_freed_and_its_hooks_then_say_so(single_rank_groups):
     """The parameters' hooks hold DDP weakly: dropping the wrapper frees it (and the process groups it holds)
     without waiting for interpreter teardown; a backward through the bare module afterwards is an error that
