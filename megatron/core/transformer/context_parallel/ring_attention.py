@@ -20,13 +20,19 @@ The backward is a custom autograd function (autograd through point-to-point send
 their sends in different orders). It runs the ring's steps in reverse, c-1 down to 0, with the blocks
 travelling the other way (each rank sends to the previous rank and receives from the next): at step i the
 rank holds block r - i again, computes with the final O and lse (block_attention.py) its query gradient
-share and the gradient of that block, and adds the latter into the block's fp32 dK/dV accumulator, which
+share and the gradient of that block, and adds the latter into the block's dK/dV accumulator, which
 travels with the block and so ends at its owner at step 0, where the owner adds its own share last. Each
 transfer (the next step's keys/values, the accumulator) runs during a step's computation; none is left
 after the last one, which a forward-order replay has (the accumulators' hop home). The forward keeps the
 block of its last step (block r + 1, one block of keys/values per layer more than its own) for the first
 step of the backward; step 0's block is the rank's own. So the backward sends c - 2 key/value blocks and
 c - 1 accumulators: at c = 2 one accumulator, hidden behind the diagonal block.
+
+The accumulators (dq and dK/dV) are fp32, except at c <= 2 where the blocks' own 16-bit gradients (the fused
+kernels') are added in their dtype (`accumulator_dtype`): each element then gets at most two shares, and a
+16-bit addition computes in fp32 and rounds once, which is what an fp32 sum rounded at the end gives, bit for
+bit. That saves three passes over an fp32 dq (write, add, cast), halves the accumulator sent and the adds
+(7.5 ms of fp32 additions and 3.2 ms of casts a step on a CP=2 rank of a 12-layer GPT at sequence 32768).
 """
 
 import torch
@@ -78,6 +84,11 @@ def _step_blocks(step: int, neighbours: _RingNeighbours, causal: bool, n: int):
     if source < neighbours.position:
         return everything, slice(0, n), None
     return slice(n, 2 * n), everything, None
+
+
+def accumulator_dtype(ring_size: int, block_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ring backward adds the blocks' gradients up in (module docstring)."""
+    return block_dtype if ring_size <= 2 else torch.float32
 
 
 def _write_on(whole: torch.Tensor, part: slice, block: torch.Tensor, dim: int) -> torch.Tensor:
@@ -135,7 +146,7 @@ class RingAttention(torch.autograd.Function):
         n = q.size(-2) // 2
         if key_values is None:  # one rank: its own block only
             key_values = (k, v)
-        dq = grads = None  # fp32 query gradient; the held block's dK/dV accumulator
+        dq = grads = None  # the query gradient; the held block's dK/dV accumulator
         incoming_grads = grad_requests = None  # the accumulator of the next step's block, on its way
         for step in reversed(range(neighbours.size)):
             requests = None
@@ -148,11 +159,13 @@ class RingAttention(torch.autograd.Function):
                 out[..., rows, :], lse[..., rows], ctx.scale, offset, dropout, ctx.use_cudnn,
             )
             if dq is None:
-                dq = _write_on(torch.empty(q.shape, dtype=torch.float32, device=q.device), rows, block_dq, dim=-2)
+                dq = _write_on(torch.empty(q.shape, dtype=accumulator_dtype(neighbours.size, block_dq.dtype),
+                                           device=q.device), rows, block_dq, dim=-2)
             else:
                 dq[..., rows, :] += block_dq
             if grad_requests is None:  # the block's first share (step c - 1)
-                grads = torch.empty((2,) + k.shape, dtype=torch.float32, device=k.device)
+                grads = torch.empty((2,) + k.shape, dtype=accumulator_dtype(neighbours.size, block_dk.dtype),
+                                    device=k.device)
                 _write_on(grads[0], columns, block_dk, dim=-2)
                 _write_on(grads[1], columns, block_dv, dim=-2)
             else:  # the shares of the ranks that held it before, from the next rank

@@ -23,8 +23,12 @@ from megatron.core.transformer.context_parallel import (
     get_batch_on_this_cp_rank,
     get_pos_emb_on_this_cp_rank,
 )
-from megatron.core.transformer.context_parallel import block_attention, tiled_block_attention
+from megatron.core.transformer.context_parallel import block_attention, ring_attention, tiled_block_attention
 from tests.unit_tests.dist_utils import run_distributed
+from tests.unit_tests.transformer.context_parallel.test_flash_block_attention import (
+    _cpu_backward_kernel,
+    _cpu_forward_kernel,
+)
 
 SEQ, BATCH, HEAD_DIM, HEADS, SCALE = 16, 2, 8, 4, 0.3
 TOLERANCE = 1e-5
@@ -131,9 +135,44 @@ def _batch_split() -> dict:
     return dict(batch=batch, angles=angles.flatten().tolist())
 
 
+def _ring_in_bf16(accumulator_dtype) -> list:
+    """Output and Q, K, V gradients of the CP=2 ring on bf16 inputs through the fused-kernel path (the CPU flash
+    kernel standing in for the CUDA one), causal, MHA and GQA, with the given accumulator_dtype."""
+    patched = dict(_flash_kernel_takes=lambda q, k, v: True, _flash_forward_kernel=_cpu_forward_kernel,
+                   _flash_backward_kernel=_cpu_backward_kernel)
+    saved = {name: getattr(block_attention, name) for name in patched}
+    saved_dtype = ring_attention.accumulator_dtype
+    parallel_state.initialize_model_parallel(context_parallel_size=2)
+    rows = _rows_of_rank(parallel_state.get_context_parallel_rank(), 2)
+    try:
+        for name, value in patched.items():
+            setattr(block_attention, name, value)
+        ring_attention.accumulator_dtype = accumulator_dtype
+        results = []
+        for groups in (HEADS, 2):
+            query, key, value, dout = (t[rows].bfloat16() for t in _inputs(groups))
+            local = [tensor.clone().requires_grad_() for tensor in (query, key, value)]
+            output = context_parallel_attention(*local, SCALE, True, "p2p")
+            results += [output, *torch.autograd.grad(output, local, dout)]
+    finally:
+        for name, value in saved.items():
+            setattr(block_attention, name, value)
+        ring_attention.accumulator_dtype = saved_dtype
+        parallel_state.destroy_model_parallel()
+    return results
+
+
+def _bf16_accumulators() -> dict:
+    ours = _ring_in_bf16(ring_attention.accumulator_dtype)
+    fp32 = _ring_in_bf16(lambda ring_size, block_dtype: torch.float32)
+    assert ours[1].dtype == torch.bfloat16
+    return dict(equal=all(torch.equal(a, b) for a, b in zip(ours, fp32)),
+                accumulator=str(ring_attention.accumulator_dtype(2, torch.bfloat16)))
+
+
 def _all_checks(rank, world_size):
     return dict(cp2=_worst_errors(2), cp4=_worst_errors(4), split=_batch_split(),
-                dropout2=_dropout_errors(2), dropout4=_dropout_errors(4))
+                dropout2=_dropout_errors(2), dropout4=_dropout_errors(4), bf16=_bf16_accumulators())
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +197,13 @@ def test_context_parallel_attention_dropout_equals_masked_full_attention(results
         for comm_type in ("p2p", "all_gather"):
             assert worst[comm_type] < TOLERANCE, f"CP={cp_size} rank {rank} {comm_type}: {worst[comm_type]}"
             assert 0.2 < worst[f"{comm_type} dropped"] < 0.4, worst
+
+
+def test_two_rank_ring_adds_16_bit_gradients_as_fp32_would(results):
+    """At CP=2 the ring backward adds the fused kernels' bf16 gradients in bf16 (each element gets at most two
+    shares, one rounding): output and gradients equal those of fp32 accumulators, bit for bit."""
+    for per_rank in results:
+        assert per_rank["bf16"] == dict(equal=True, accumulator="torch.bfloat16")
 
 
 def test_batch_split_keeps_chunks_r_and_2c_minus_1_minus_r(results):
