@@ -17,8 +17,9 @@ without it, as Transformer Engine and torchao do.
 With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` (db into the bias's) and the
 weight is marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of
 a step (DDP marked `main_grad` as holding nothing yet, or zeroed it and nothing has written it since) is
-written straight into `main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8 (params.py) takes this path
-always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd would cast its dW to FP8.
+written straight into `main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8
+(params.py) takes this path always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd
+would cast its dW to FP8.
 
 On CUDA the GEMMs need compute capability 8.9 (Ada, Hopper) or newer; on CPU `torch._scaled_mm` computes
 the same products exactly (slowly), which is what the CPU tests run.
