@@ -3,13 +3,16 @@
 With `zero_centered_gamma` (`--apply-layernorm-1p`) the stored weight is w - 1 (initialised to 0) and
 the forward uses w = weight + 1, so weight decay pulls the scale towards 1 instead of 0.
 The kernels are torch's, or apex's fused ones on CUDA when apex is installed (extensions/apex.py).
+`forward_with_residual` serves a norm whose input is also the residual stream: (norm(x), x), the two gradients
+of x summed in the norm's backward (fusions/fused_norm_residual.py).
 Parameters carry `sequence_parallel`, telling the grad sync to all-reduce them over TP when the
 activations they see are sequence-split.
 """
 
 import torch
 
-from megatron.core.extensions.apex import layer_norm, rms_norm
+from megatron.core.extensions.apex import fused_norms_for, layer_norm, rms_norm
+from megatron.core.fusions.fused_norm_residual import layer_norm_and_residual, rms_norm_and_residual
 from megatron.core.tensor_parallel.layers import parameter_device
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -48,12 +51,28 @@ class LayerNorm(_ScaledNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.scale(), self.bias, self.eps)
 
+    def forward_with_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(x), x) for a norm whose input is also the residual stream: the residual's gradient is added in
+        the norm's backward (fusions/fused_norm_residual.py), except where apex's kernel runs the norm."""
+        scale = self.scale()
+        if fused_norms_for(x, scale) is not None:
+            return layer_norm(x, scale, self.bias, self.eps), x
+        return layer_norm_and_residual(x, scale, self.bias, self.eps)
+
 
 class RMSNorm(_ScaledNorm):
     """y = x / sqrt(mean(x^2) + eps) * w over the last dimension (no bias)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.scale(), self.eps)
+
+    def forward_with_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(x), x), the residual's gradient added in the norm's backward (LayerNorm.forward_with_residual)."""
+        scale = self.scale()
+        fused = fused_norms_for(x, scale)
+        if fused is not None and fused.rms_norm_affine is not None:
+            return rms_norm(x, scale, self.eps), x
+        return rms_norm_and_residual(x, scale, self.eps)
 
 
 class WrappedTorchNorm:

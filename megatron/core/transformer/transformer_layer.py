@@ -11,6 +11,10 @@ encoder output [sk, b, h].
 Selective recompute of "layernorm" keeps neither norm's output past the sub-layer that reads it: norm1(x) and
 norm2(x) are recomputed from x when backward reaches the attention's and the MLP's output
 (`CheckpointWithoutOutput`), except where the output is the residual too (post-norm residual).
+
+x feeds both a norm and a residual addition; without that recompute our norms hand x on as the residual
+themselves (`forward_with_residual`) and add its gradient into their own backward (fusions/fused_norm_residual.py)
+instead of autograd adding the two in a kernel of its own.
 """
 
 import contextlib
@@ -121,7 +125,7 @@ class TransformerLayer(MegatronModule):
     def _forward(self, hidden_states, attention_mask, rotary_pos_emb, context, inference_context, context_mask):
         post_norm_residual = self.config.apply_residual_connection_post_layernorm
         with self.attn_norm_offload.scope():
-            normed, recompute = self._norm(self.input_layernorm, hidden_states)
+            normed, hidden_states, recompute = self._norm(self.input_layernorm, hidden_states)
         attention_output_with_bias = self.self_attention(
             normed, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb, inference_context=inference_context
         )
@@ -143,7 +147,7 @@ class TransformerLayer(MegatronModule):
                 hidden_states = bda(attention_output_with_bias, residual, self.hidden_dropout)
 
         with self.mlp_norm_offload.scope():
-            normed, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
+            normed, hidden_states, recompute = self._norm(self.pre_mlp_layernorm, hidden_states)
         mlp_output_with_bias = self.mlp(normed)
         if recompute is not None:
             recompute.discard_output_and_register_recompute(mlp_output_with_bias[0])
@@ -154,14 +158,18 @@ class TransformerLayer(MegatronModule):
         return hidden_states, context
 
     def _norm(self, norm, hidden_states):
-        """(norm(hidden_states), the CheckpointWithoutOutput to discard it with, or None) (module docstring)."""
+        """(norm(hidden_states), hidden_states as the residual to add to, the CheckpointWithoutOutput to discard
+        the norm's output with or None) (module docstring). Where the residual is the norm's input, our norms
+        take the residual's gradient into their backward (`forward_with_residual`)."""
+        post_norm_residual = self.config.apply_residual_connection_post_layernorm
         recompute = (self.recompute_layernorm and self.training and torch.is_grad_enabled()
-                     and not self.config.apply_residual_connection_post_layernorm
-                     and not isinstance(norm, IdentityOp))
-        if not recompute:
-            return norm(hidden_states), None
-        checkpoint = CheckpointWithoutOutput()
-        return checkpoint.checkpoint(norm, hidden_states), checkpoint
+                     and not post_norm_residual and not isinstance(norm, IdentityOp))
+        if recompute:
+            checkpoint = CheckpointWithoutOutput()
+            return checkpoint.checkpoint(norm, hidden_states), hidden_states, checkpoint
+        if not post_norm_residual and hasattr(norm, "forward_with_residual"):
+            return *norm.forward_with_residual(hidden_states), None
+        return norm(hidden_states), hidden_states, None
 
     def _hidden_dropout_rng(self):
         """The RNG of the residual-stream dropout. Replicated activations take the same mask on every TP
