@@ -26,15 +26,21 @@ _CHUNK_ELEMENTS = 2**27  # rows per chunk = this / (V/p): bounds eager (CPU) fp3
 
 
 @cuda_fuser
-def _chunk_statistics(logits: torch.Tensor, local_target: torch.Tensor):
+def _chunk_statistics(logits: torch.Tensor, local_target: torch.Tensor, row_sums: bool):
     """logits [n, V/p], local_target [n] (-1 where another rank owns the target) -> four fp32 [n]:
-    row max, sum of exp(x - max), target logit (0 where not owned), row sum."""
+    row max, sum of exp(x - max), target logit (0 where not owned), row sum (zeros unless `row_sums`).
+
+    The max and the sum of exponentials are written as Inductor's softmax pattern (amax and sum with keepdim)
+    so that it computes both in one pass over the row (its online softmax), as it does for torch's own
+    log_softmax; the other spelling read each row twice (0.56 ms a step of GPT-2 small's [8192, 50304] logits
+    on an H100, twice the time its bytes take)."""
     x = logits.float()
-    row_max = x.amax(dim=-1)
-    sum_exp = torch.exp(x - row_max.unsqueeze(-1)).sum(dim=-1)
+    row_max = x.amax(dim=-1, keepdim=True)
+    sum_exp = torch.exp(x - row_max).sum(dim=-1, keepdim=True)
     owned = local_target >= 0
     target_logit = x.gather(-1, local_target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return row_max, sum_exp, torch.where(owned, target_logit, 0.0), x.sum(dim=-1)
+    row_sum = x.sum(dim=-1) if row_sums else torch.zeros_like(target_logit)
+    return row_max.squeeze(-1), sum_exp.squeeze(-1), torch.where(owned, target_logit, 0.0), row_sum
 
 
 @cuda_fuser
@@ -64,7 +70,9 @@ class _FusedVocabParallelCrossEntropy(torch.autograd.Function):
         local_target = local_target.masked_fill((local_target < 0) | (local_target >= local_vocab), -1)
 
         rows = max(1, _CHUNK_ELEMENTS // local_vocab)
-        chunks = [_chunk_statistics(logits[i : i + rows], local_target[i : i + rows]) for i in range(0, len(logits), rows)]
+        row_sums = label_smoothing > 0  # sum_j x_j enters the loss only with label smoothing
+        chunks = [_chunk_statistics(logits[i : i + rows], local_target[i : i + rows], row_sums)
+                  for i in range(0, len(logits), rows)]
         row_max, sum_exp, target_logit, sum_logits = (torch.cat(parts) for parts in zip(*chunks))
         if world_size > 1:
             global_max = row_max.clone()

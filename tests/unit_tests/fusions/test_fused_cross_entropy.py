@@ -97,3 +97,25 @@ def test_compiled_kernels_on_gpu(shape, label_smoothing, monkeypatch):
     expected_loss, expected_grad = _reference(logits, target, label_smoothing, weights)
     torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(grad.float(), expected_grad, atol=1e-3, rtol=2e-2)
+
+
+def test_statistics_take_inductors_one_pass_softmax_pattern(monkeypatch):
+    """The row max and sum of exponentials are spelled as Inductor's softmax pattern, which it turns into one
+    pass over the row (online softmax, CUDA only: enabled here to see the match; the CPU lowering then stops)."""
+    import torch._inductor.config as inductor_config
+    post_grad = pytest.importorskip("torch._inductor.fx_passes.post_grad")
+    if not hasattr(post_grad, "prepare_softmax_extra_check"):
+        pytest.skip("this torch has no online-softmax pattern")
+    from megatron.core.fusions.fused_cross_entropy import _chunk_statistics
+
+    graphs = []
+    monkeypatch.setattr(post_grad, "prepare_softmax_extra_check", lambda match: True)
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", lambda graph: graphs.append(str(graph)))
+    torch._dynamo.reset()
+    try:
+        torch.compile(_chunk_statistics.eager)(torch.randn(16, 100), torch.randint(0, 100, (16,)), False)
+    except Exception:  # the online-softmax lowering exists for Triton only
+        pass
+    finally:
+        torch._dynamo.reset()
+    assert graphs and "prepare_softmax_online" in graphs[0]
