@@ -55,6 +55,8 @@ LAYOUTS = [
      ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]),
     ("distributed optimizer, compiled", DP2 + ["--use-torch-compile"]),
     ("--use-torch-fsdp2, compiled", ["--use-torch-fsdp2", "--overlap-grad-reduce", "--use-torch-compile"]),
+    ("--use-torch-fsdp2, no reshard, compiled", ["--use-torch-fsdp2", "--overlap-grad-reduce",
+                                                  "--torch-fsdp2-no-reshard-after-forward", "--use-torch-compile"]),
 ]
 LLAMA = ["--group-query-attention", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--bf16", "--hidden-size", "4096",
