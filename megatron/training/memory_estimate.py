@@ -96,6 +96,7 @@ from megatron.core.distributed.distributed_data_parallel import default_bucket_s
 from megatron.core.distributed.fsdp.mcore_fsdp_adapter import shards_params, shards_params_on_buffers
 from megatron.core.enums import ModelType
 from megatron.core.transformer.config_rules import linear_attention_pattern
+from megatron.core.transformer.context_parallel import cp_comm_type_of_layer
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.training.arguments.core_configs import ddp_config_from_args
 
@@ -318,9 +319,8 @@ def _context_parallel_keys(args, tokens: int, layer_index: int) -> int:
     cp = args.context_parallel_size
     if cp == 1:
         return 0
-    types = args.cp_comm_type
-    kind = types[0] if len(types) == 1 else types[layer_index]
-    return tokens * (cp if kind in ("all_gather", "allgather") else 1)
+    types = args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else args.cp_comm_type
+    return tokens * (cp if cp_comm_type_of_layer(types, layer_index + 1) == "all_gather" else 1)
 
 
 def _layer_activation_bytes(args, tokens: int, moe: bool = False, encoder_tokens: int = 0,

@@ -26,7 +26,8 @@ profiled iterations left out) and peak memory (`max allocated`, the largest over
 tokens), graph (one GPU, TP=2 + SP (also with the overlap, symmetric memory and chunked) and TP=2 with
 `--cuda-graph-impl full_iteration`, against the one-GPU graph row: what remains when the host no longer launches
 each kernel), cp (GPT 1.3B shape + RoPE with 12 layers, so that one GPU fits seq 32768: CP=2 with the distributed
-optimizer and both overlaps, ring with 1 and 8 CUDA connections and all-gather, against one GPU), ep
+optimizer and both overlaps, ring with 1 and 8 CUDA connections and all-gather, against one GPU; cp-ring: the
+reference and the ring row only), ep
 (Mixtral-style MoE with 8 layers: EP=2 x DP=2 against EP=1 on one GPU, the same tokens per GPU), 8b (Llama-style
 8B at TP=2 + SP with bf16 Adam moments to fit 2 x 80 GB, eager, graphed and graphed with the overlap, against TP=1
 of the same layer shapes with 4 layers: TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the

@@ -14,21 +14,19 @@ and g = dy * w (all in fp32):
     RMS norm    dx = rstd * (g - x̂ * mean(g * x̂)) + d_residual               dw = Σ_rows dy * x̂
 
 (torch's own backward, as its autograd formula for `native_layer_norm`, with the addition folded in.) The
-statistics are recomputed from x in that pass instead of saved. The forward is torch's norm, compiled on CUDA
-as the plain norms are; on CPU both directions run eagerly.
+statistics are recomputed from x in that pass instead of saved. The forward is the plain norm's
+(extensions/apex.py: torch's, compiled on CUDA); on CPU both directions run eagerly. Where apex's kernel runs
+the norm, it keeps its own backward and autograd adds the two gradients.
 """
 
 import torch
-import torch.nn.functional as F
 
+from megatron.core.extensions.apex import fused_norms_for, layer_norm, rms_norm
 from megatron.core.fusions.cuda_fuser import cuda_fuser
 
 
-@cuda_fuser
-def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    if bias is None:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    return F.layer_norm(x, weight.shape, weight, bias, eps)
+def _norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return rms_norm(x, weight, eps) if bias is None else layer_norm(x, weight, bias, eps)
 
 
 @cuda_fuser
@@ -56,7 +54,7 @@ class _NormAndResidual(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps: float):
         ctx.save_for_backward(x, weight)
         ctx.eps, ctx.layer_norm = eps, bias is not None
-        return _forward(x, weight, bias, eps), x.view_as(x)
+        return _norm(x, weight, bias, eps), x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad_normed, grad_residual):
@@ -65,11 +63,10 @@ class _NormAndResidual(torch.autograd.Function):
         return dx, dw, db, None
 
 
-def layer_norm_and_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    """(layer norm of x over the last dimension, x as the residual stream) (module docstring)."""
+def norm_and_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
+    """(layer norm of x over the last dimension, or RMS norm where `bias` is None; x as the residual stream)
+    (module docstring)."""
+    fused = fused_norms_for(x, weight)
+    if fused is not None and (bias is not None or fused.rms_norm_affine is not None):
+        return _norm(x, weight, bias, eps), x
     return _NormAndResidual.apply(x, weight, bias, eps)
-
-
-def rms_norm_and_residual(x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """(RMS norm of x over the last dimension, x as the residual stream) (module docstring)."""
-    return _NormAndResidual.apply(x, weight, None, eps)

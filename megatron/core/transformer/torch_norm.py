@@ -11,8 +11,8 @@ activations they see are sequence-split.
 
 import torch
 
-from megatron.core.extensions.apex import fused_norms_for, layer_norm, rms_norm
-from megatron.core.fusions.fused_norm_residual import layer_norm_and_residual, rms_norm_and_residual
+from megatron.core.extensions.apex import layer_norm, rms_norm
+from megatron.core.fusions.fused_norm_residual import norm_and_residual
 from megatron.core.tensor_parallel.layers import parameter_device
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -53,11 +53,8 @@ class LayerNorm(_ScaledNorm):
 
     def forward_with_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(x), x) for a norm whose input is also the residual stream: the residual's gradient is added in
-        the norm's backward (fusions/fused_norm_residual.py), except where apex's kernel runs the norm."""
-        scale = self.scale()
-        if fused_norms_for(x, scale) is not None:
-            return layer_norm(x, scale, self.bias, self.eps), x
-        return layer_norm_and_residual(x, scale, self.bias, self.eps)
+        the norm's backward (fusions/fused_norm_residual.py)."""
+        return norm_and_residual(x, self.scale(), self.bias, self.eps)
 
 
 class RMSNorm(_ScaledNorm):
@@ -68,11 +65,7 @@ class RMSNorm(_ScaledNorm):
 
     def forward_with_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(x), x), the residual's gradient added in the norm's backward (LayerNorm.forward_with_residual)."""
-        scale = self.scale()
-        fused = fused_norms_for(x, scale)
-        if fused is not None and fused.rms_norm_affine is not None:
-            return rms_norm(x, scale, self.eps), x
-        return rms_norm_and_residual(x, scale, self.eps)
+        return norm_and_residual(x, self.scale(), None, self.eps)
 
 
 class WrappedTorchNorm:

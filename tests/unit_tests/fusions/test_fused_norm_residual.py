@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.core.fusions.fused_norm_residual import layer_norm_and_residual, rms_norm_and_residual
+from megatron.core.fusions.fused_norm_residual import norm_and_residual
 
 
 def _case(kind, dtype, device):
@@ -23,8 +23,7 @@ def _gradients(fused: bool, kind, x, weight, bias, grad_normed, grad_residual):
     leaves = [t.clone().requires_grad_() for t in (x, weight) + ((bias,) if bias is not None else ())]
     x, weight = leaves[0] * 1, leaves[1]  # x is a non-leaf, as a layer's input is
     if fused:
-        function = layer_norm_and_residual if kind == "layer" else rms_norm_and_residual
-        normed, residual = function(x, weight, leaves[2], 1e-5) if kind == "layer" else function(x, weight, 1e-5)
+        normed, residual = norm_and_residual(x, weight, leaves[2] if kind == "layer" else None, 1e-5)
     else:
         normed = (F.layer_norm(x, weight.shape, weight, leaves[2], 1e-5) if kind == "layer"
                   else F.rms_norm(x, weight.shape, weight, 1e-5))
@@ -50,7 +49,7 @@ def test_norm_and_residual_equals_autograd_through_both_uses(kind, dtype):
 
 def test_the_residual_output_is_the_input():
     x, weight, bias = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
-    normed, residual = layer_norm_and_residual(x, weight, bias, 1e-5)
+    normed, residual = norm_and_residual(x, weight, bias, 1e-5)
     assert residual.data_ptr() == x.data_ptr() and torch.equal(residual, x)
     torch.testing.assert_close(normed, F.layer_norm(x, (8,), weight, bias, 1e-5))
 
@@ -61,7 +60,7 @@ def test_a_compiled_layer_traces_it_in_one_graph():
     x, weight, bias, grad_normed, grad_residual = _case("layer", torch.bfloat16, "cpu")
 
     def forward(x, weight, bias):
-        return layer_norm_and_residual(x * 1, weight, bias, 1e-5)
+        return norm_and_residual(x * 1, weight, bias, 1e-5)
 
     results = []
     for function in (forward, torch.compile(forward, backend="aot_eager", fullgraph=True)):
