@@ -97,7 +97,7 @@ class _Fp8Linear(torch.autograd.Function):
         grad_weight = _weight_gradient(ctx, dy, q_dy, wgrad_operand, ctx.input_scale_inv, weight)
         grad_bias = None
         if ctx.bias is not None and ctx.needs_input_grad[2]:
-            grad_bias = add_bias_gradient(ctx.bias, dy) if ctx.accumulate else dy.sum(dim=0)
+            grad_bias = add_bias_gradient(ctx.bias, dy, ctx.accumulate)
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
 

@@ -48,11 +48,12 @@ def add_weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input: 
     weight.grad_added_to_main_grad = True
 
 
-def add_bias_gradient(bias: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+def add_bias_gradient(bias: torch.Tensor, grad_output: torch.Tensor, accumulate: bool = True) -> torch.Tensor:
     """bias.main_grad [out] += the column sums of grad_output [n, out] (fp32, written when main_grad holds
     nothing of this step yet), marking the bias `grad_added_to_main_grad`; returns the never-read placeholder
-    gradient to hand autograd. Where the bias has no fp32 main_grad to take it: the bf16 column sums."""
-    if not can_accumulate_in_main_grad(bias):
+    gradient to hand autograd. Without `accumulate` (no gradient-accumulation fusion), or where the bias has no
+    fp32 main_grad to take it: the column sums, for autograd."""
+    if not accumulate or not can_accumulate_in_main_grad(bias):
         return grad_output.sum(dim=0)
     main_grad = bias.main_grad.view(1, -1)
     beta = 0.0 if takes_main_grad(bias) else 1.0

@@ -81,7 +81,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             grad_weight = _weight_gradient(weight, grad_output, total_input, accumulate)
         grad_bias = None
         if ctx.bias is not None and need_bias:
-            grad_bias = add_bias_gradient(ctx.bias, rows(grad_output)) if accumulate else rows(grad_output).sum(dim=0)
+            grad_bias = add_bias_gradient(ctx.bias, rows(grad_output), accumulate)
         grad_input = grad_input.wait() if grad_input is not None else None
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 
