@@ -10,7 +10,10 @@ Per element, in fp32, the update of `torch.optim.AdamW` (t = the step count afte
     model  = p rounded to the model's dtype          (only where the model param is a separate bf16/fp16 copy)
 
 m and v are kept in fp32 or bf16 (`--exp-avg-dtype`, `--exp-avg-sq-dtype`), each on its own: read into fp32,
-updated in fp32, stored back rounded to nearest even (adamw_reference.py has the same step in PyTorch).
+updated in fp32, stored back rounded to nearest even (adamw_reference.py has the same step in PyTorch). The
+gradient may be fp32, bf16 or fp16 (a bf16 grad buffer, `--grad-reduce-in-bf16` / `--main-grads-dtype bf16`):
+read into fp32, it gives the update of its fp32 copy bit for bit, without the copy (a pass over the gradients
+and, for the 1.3B, 5 GB of fp32 tensors allocated every step).
 
 Why: the mixed-precision step used to be torch's fused AdamW (read g, p, m, v; write p, m, v: 28 bytes per
 parameter) followed by `_foreach_copy_` of the fp32 main params into the model params (6 more bytes, a
@@ -27,7 +30,7 @@ read back.
 
 `FusedAdamW.step` replaces `optimizer.step()` plus the main-to-model copy for a `torch.optim.AdamW`
 without amsgrad/maximize; `FusedAdamW.supports` says when it applies (CUDA tensors, Triton installed, fp32
-main params and gradients). Its references are torch's own AdamW followed by the copy, and with bf16 moments
+main params). Its references are torch's own AdamW followed by the copy, and with bf16 moments
 adamw_reference.py's step (tests/unit_tests/optimizer/test_fused_adamw.py).
 """
 
@@ -41,6 +44,7 @@ from .adamw_reference import MOMENT_DTYPES, is_decoupled, new_adam_state
 _TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 BLOCK = 1024  # elements per Triton program (1024 x 4 warps: 3.35 TB/s on an H200, 2048: 2.66)
 NUM_WARPS = 4
+GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _GROUP_FIELDS = 7  # lr, weight_decay, beta1, beta2, eps, lr / bias_correction1, sqrt(bias_correction2)
 
 if _TRITON_AVAILABLE:
@@ -53,7 +57,7 @@ if _TRITON_AVAILABLE:
     def _adamw_kernel(
         block_tensor, block_start, numels, tensor_group, group_table, grad_scale, skip,
         grad_pointers, main_param_pointers, exp_avg_pointers, exp_avg_sq_pointers, model_param_pointers,
-        HAS_GRAD_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, MODEL_DTYPE: tl.constexpr,
+        HAS_GRAD_SCALE: tl.constexpr, HAS_SKIP: tl.constexpr, MODEL_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
         EXP_AVG_DTYPE: tl.constexpr, EXP_AVG_SQ_DTYPE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     ):
         if HAS_SKIP:
@@ -68,11 +72,11 @@ if _TRITON_AVAILABLE:
         beta1, beta2, eps = tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
         step_size, bias_correction2_sqrt = tl.load(row + 5), tl.load(row + 6)
 
-        grad_pointer = tl.load(grad_pointers + tensor).to(tl.pointer_type(tl.float32))
+        grad_pointer = tl.load(grad_pointers + tensor).to(tl.pointer_type(GRAD_DTYPE))
         param_pointer = tl.load(main_param_pointers + tensor).to(tl.pointer_type(tl.float32))
         exp_avg_pointer = tl.load(exp_avg_pointers + tensor).to(tl.pointer_type(EXP_AVG_DTYPE))
         exp_avg_sq_pointer = tl.load(exp_avg_sq_pointers + tensor).to(tl.pointer_type(EXP_AVG_SQ_DTYPE))
-        grad = tl.load(grad_pointer + offsets, mask=mask, other=0.0)
+        grad = tl.load(grad_pointer + offsets, mask=mask, other=0.0).to(tl.float32)
         param = tl.load(param_pointer + offsets, mask=mask, other=0.0)
         exp_avg = tl.load(exp_avg_pointer + offsets, mask=mask, other=0.0).to(tl.float32)
         exp_avg_sq = tl.load(exp_avg_sq_pointer + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -131,7 +135,7 @@ if _TRITON_AVAILABLE:
 class FusedAdamW:
     """The update of a `torch.optim.AdamW` (its param groups, hyper-parameters and state) plus the copy of
     each fp32 main param into its model param, as one Triton launch per dtype combination (model copy,
-    exp_avg, exp_avg_sq).
+    gradient, exp_avg, exp_avg_sq).
 
     The optimizer's state stays torch's (`exp_avg`, `exp_avg_sq`, a float32 `step` tensor per param, as
     torch's fused AdamW keeps it), so checkpoints and a later `optimizer.step()` see no difference. Moments
@@ -145,7 +149,7 @@ class FusedAdamW:
         self.block_size, self.num_warps = block_size, num_warps
         self.exp_avg_dtype, self.exp_avg_sq_dtype = exp_avg_dtype, exp_avg_sq_dtype
         self._signature = None
-        self._launches: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype], _LaunchTable] = {}
+        self._launches: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype, torch.dtype], _LaunchTable] = {}
         self._step_tensors: List[torch.Tensor] = []
         self._group_steps: List[int] = []
 
@@ -180,17 +184,17 @@ class FusedAdamW:
 
     def _rebuild(self, entries: list) -> None:
         for _, param, grad, exp_avg, exp_avg_sq, _ in entries:
-            for tensor, dtypes in ((grad, (torch.float32,)), (exp_avg, MOMENT_DTYPES), (exp_avg_sq, MOMENT_DTYPES)):
+            for tensor, dtypes in ((grad, GRAD_DTYPES), (exp_avg, MOMENT_DTYPES), (exp_avg_sq, MOMENT_DTYPES)):
                 if tensor.dtype not in dtypes or not tensor.is_contiguous() or tensor.shape != param.shape:
                     raise ValueError(
-                        f"FusedAdamW needs contiguous fp32 gradients and fp32 or bf16 Adam moments shaped like the "
-                        f"param {tuple(param.shape)}, got {tensor.dtype} {tuple(tensor.shape)}"
+                        f"FusedAdamW needs contiguous fp32/bf16/fp16 gradients and fp32 or bf16 Adam moments shaped "
+                        f"like the param {tuple(param.shape)}, got {tensor.dtype} {tuple(tensor.shape)}"
                     )
         device = entries[0][1].device
-        by_dtype: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype], list] = {}
+        by_dtype: Dict[Tuple[Optional[torch.dtype], torch.dtype, torch.dtype, torch.dtype], list] = {}
         for entry in entries:
-            model, exp_avg, exp_avg_sq = entry[5], entry[3], entry[4]
-            key = (None if model is None else model.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+            grad, exp_avg, exp_avg_sq, model = entry[2:]
+            key = (None if model is None else model.dtype, grad.dtype, exp_avg.dtype, exp_avg_sq.dtype)
             by_dtype.setdefault(key, []).append(entry)
         self._launches = {dtype: _LaunchTable(group, device, self.block_size) for dtype, group in by_dtype.items()}
         self._step_tensors = [self.optimizer.state[entry[1]]["step"] for entry in entries]
@@ -230,7 +234,7 @@ class FusedAdamW:
             return
         signature = tuple(
             (group, param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
-             0 if model is None else model.data_ptr(), exp_avg.dtype, exp_avg_sq.dtype)
+             0 if model is None else model.data_ptr(), grad.dtype, exp_avg.dtype, exp_avg_sq.dtype)
             for group, param, grad, exp_avg, exp_avg_sq, model in entries
         )
         if signature != self._signature:
@@ -246,12 +250,12 @@ class FusedAdamW:
             # which waited for the whole forward and backward every step.
             increment = (1 - skip).float().reshape(())
             torch._foreach_add_(self._step_tensors, [increment] * len(self._step_tensors))
-        for (model_dtype, exp_avg_dtype, exp_avg_sq_dtype), table in self._launches.items():
+        for (model_dtype, grad_dtype, exp_avg_dtype, exp_avg_sq_dtype), table in self._launches.items():
             _adamw_kernel[(table.num_blocks,)](
                 table.block_tensor, table.block_start, table.numels, table.tensor_group, group_table,
                 grad_scale if grad_scale is not None else group_table, skip if skip is not None else group_table,
                 *table.pointers, HAS_GRAD_SCALE=grad_scale is not None, HAS_SKIP=skip is not None,
-                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], EXP_AVG_DTYPE=_TRITON_DTYPES[exp_avg_dtype],
+                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], GRAD_DTYPE=_TRITON_DTYPES[grad_dtype], EXP_AVG_DTYPE=_TRITON_DTYPES[exp_avg_dtype],
                 EXP_AVG_SQ_DTYPE=_TRITON_DTYPES[exp_avg_sq_dtype], BLOCK_SIZE=self.block_size,
                 num_warps=self.num_warps,
             )

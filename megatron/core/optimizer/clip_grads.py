@@ -71,8 +71,14 @@ def grad_norm_fp32_tensor(
     total = torch.zeros(1, dtype=torch.float, device=device)
     if grads:
         # ||g||_p^p = sum_p ||g_p||_p^p; the per-tensor norms come from one fused kernel.
-        per_tensor_norms = torch._foreach_norm(grads, norm_type)
-        total = torch.stack(per_tensor_norms).float().pow(norm_type).sum().reshape(1)
+        # In fp32 also for bf16/fp16 gradients (their norms would be rounded to their dtype); one call per
+        # dtype, as torch's multi-tensor kernel takes one.
+        by_dtype = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        per_tensor_norms = [norm for same in by_dtype.values()
+                            for norm in torch._foreach_norm(same, norm_type, dtype=torch.float32)]
+        total = torch.stack(per_tensor_norms).pow(norm_type).sum().reshape(1)
     _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
     return total.pow(1.0 / norm_type)
 

@@ -47,7 +47,7 @@ from ..fp8.params import (
 from ..fusions.adamw_reference import new_adam_state
 from .distrib_optimizer_state import ADAM_STATE_KEYS, gather_parameter_state_dp_zero, scatter_parameter_state_dp_zero
 from .grad_scaler import MegatronGradScaler
-from .optimizer import MixedPrecisionOptimizer, copy_layout_attributes
+from .optimizer import MixedPrecisionOptimizer, copy_layout_attributes, take_grad
 from .optimizer_config import OptimizerConfig
 from .param_groups import reorder_saved_param_groups
 
@@ -166,9 +166,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return [shard.grad for shard in self.main_shards if shard.grad is not None]
 
     def _copy_model_grads_to_main_grads(self) -> None:
+        as_is = self._main_grads_as_is()
         for param, main_shard in zip(self.model_params, self.main_shards):
             # After the reduce-scatter only this rank's shard of the grad buffer holds the mean gradient.
-            main_shard.grad = self._grad_pieces[param].float()
+            take_grad(main_shard, self._grad_pieces[param], as_is)
             param.grad = None
 
     def _float16_shards(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:

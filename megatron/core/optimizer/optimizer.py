@@ -61,6 +61,22 @@ def copy_layout_attributes(main_param: torch.Tensor, model_param: torch.nn.Param
             setattr(main_param, attribute, getattr(model_param, attribute))
 
 
+# torch >= 2.10: a leaf's `grad_dtype = None` lets its `.grad` have another dtype (fp32 main params, bf16 grads).
+_GRAD_DTYPE_SETTABLE = hasattr(torch.Tensor, "grad_dtype")
+
+
+def take_grad(main_param: torch.Tensor, grad: torch.Tensor, as_is: bool) -> None:
+    """main_param.grad = `grad` itself where `as_is` (`MixedPrecisionOptimizer._main_grads_as_is`), else an
+    fp32 copy of it (no copy when it is fp32 already)."""
+    if as_is and grad.dtype != main_param.dtype:
+        if main_param.grad_dtype is not None:
+            main_param.grad = None
+            main_param.grad_dtype = None
+        main_param.grad = grad
+    else:
+        main_param.grad = grad.float()
+
+
 def _zero_grads(params: List[torch.nn.Parameter], set_to_none: bool) -> None:
     for param in params:
         if param.grad is None:
@@ -209,8 +225,7 @@ class MegatronOptimizer(ABC):
         later learns it was not."""
         if self.prepare_grads():
             return False, None, None
-        inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
-        clip_in_update = self.config.clip_grad > 0.0 and getattr(inner, "_step_supports_amp_scaling", False)
+        clip_in_update = self._clips_in_update()
         with self._timed("optimizer-clip-main-grad"):
             if clip_in_update:
                 # The fused Adam kernel divides every gradient by `grad_scale` as it reads it, so clipping
@@ -236,6 +251,11 @@ class MegatronOptimizer(ABC):
             if clip_in_update:
                 del self.optimizer.grad_scale
         return update_successful, grad_norm, num_zeros_in_grad
+
+    def _clips_in_update(self) -> bool:
+        """Whether clipping is on and folded into the update (the fused Adam kernels' grad_scale)."""
+        inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
+        return self.config.clip_grad > 0.0 and getattr(inner, "_step_supports_amp_scaling", False)
 
     def supports_device_veto(self) -> bool:
         """Whether `step_with_device_grad_norm` can skip an update on the device (see there)."""
@@ -368,6 +388,17 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def supports_device_veto(self) -> bool:
         return bool(self._fused()) and self.grad_scaler is None
 
+    def _main_grads_as_is(self) -> bool:
+        """Whether the main params' `.grad` can be the model's bf16/fp16 gradients themselves (DDP's buffer,
+        with `--grad-reduce-in-bf16` / `--main-grads-dtype bf16`) instead of fp32 copies: where the fused AdamW
+        reads them (into fp32: the update of the copy, bit for bit), nothing unscales them in place (no loss
+        scaling) and clipping, if on, is folded into the update. The gradient norm reads them in fp32 too.
+        Megatron-LM's precision-aware optimizer hands TE's FusedAdam the bf16 gradients the same way; copies
+        cost a pass over the gradients and a fresh fp32 tensor per param every step. Needs torch >= 2.10 (an
+        fp32 tensor's `.grad` may then be bf16: `grad_dtype = None`); older torch copies."""
+        return (_GRAD_DTYPE_SETTABLE and self.grad_scaler is None and bool(self._fused())
+                and (self.config.clip_grad == 0.0 or self._clips_in_update()))
+
     def rewind_vetoed_update(self) -> None:
         self._fused()[0].rewind()
 
@@ -476,11 +507,12 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
         return [param.grad.data for param in main_params if param.grad is not None]
 
     def _copy_model_grads_to_main_grads(self) -> None:
+        as_is = self._main_grads_as_is()
         for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
             for model_param, main_param in zip(model_group, main_group):
                 if hasattr(model_param, "main_grad"):
-                    # DDP's fp32 grad buffer: `.float()` is a no-op view, so unscale and clip act on it.
-                    main_param.grad = model_param.main_grad.float()
+                    # DDP's grad buffer: with fp32 `.float()` is a no-op view, so unscale and clip act on it.
+                    take_grad(main_param, model_param.main_grad, as_is)
                 elif model_param.grad is not None:
                     main_param.grad = model_param.grad.float()
                 model_param.grad = None

@@ -162,6 +162,42 @@ def check(device, compiled):
             compare(optimizer, reference, main, shadow, compiled)
 """
 
+# bf16 and fp16 gradients (a bf16 grad buffer: --grad-reduce-in-bf16) are read into fp32: the same step, bit
+# for bit, as on their fp32 copies, mixed dtypes in one step included (one launch per gradient dtype).
+CHECK_GRAD_DTYPES = """
+import torch
+from megatron.core.fusions.fused_adamw import FusedAdamW
+
+
+def check(device):
+    torch.manual_seed(0)
+    start = [torch.randn(shape, device=device) for shape in {shapes}]
+    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.bfloat16, torch.float16]
+    runs = []
+    for widened in (False, True):
+        main = [param.clone() for param in start]
+        model = [param.bfloat16() for param in main]
+        optimizer = torch.optim.AdamW([{{"params": main[:2], "weight_decay": 0.1}}, {{"params": main[2:]}}],
+                                      lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.0)
+        if not widened:
+            for param in main:
+                param.grad_dtype = None  # an fp32 tensor whose .grad is bf16/fp16
+        runs.append((main, model, optimizer, FusedAdamW(optimizer)))
+    for step in range(3):
+        grads = [torch.randn_like(param).to(dtype) for param, dtype in zip(start, dtypes)]
+        grad_scale = torch.tensor([2.0], device=device) if step == 1 else None
+        for (main, model, optimizer, fused), widened in zip(runs, (False, True)):
+            for param, grad in zip(main, grads):
+                param.grad = grad.float() if widened else grad
+            fused.step(dict(zip(main, model)), grad_scale)
+        (ours, our_model, ours_optimizer, _), (theirs, their_model, their_optimizer, _) = runs
+        for mine, other in zip(ours + our_model, theirs + their_model):
+            assert torch.equal(mine, other)
+        for mine, other in zip(ours, theirs):
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(ours_optimizer.state[mine][key], their_optimizer.state[other][key])
+"""
+
 
 def _in_the_interpreter(program: str) -> None:
     environment = dict(os.environ, TRITON_INTERPRET="1")
@@ -178,6 +214,11 @@ def test_fused_adamw_equals_torch_adamw_in_the_triton_interpreter():
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
 def test_bf16_moments_equal_the_reference_step_in_the_triton_interpreter():
     _in_the_interpreter(CHECK_MOMENTS.format(shapes=SHAPES) + "\ncheck('cpu', compiled=False)\n")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its interpreter runs the kernel on a CPU)")
+def test_bf16_and_fp16_gradients_give_the_step_of_their_fp32_copies_in_the_triton_interpreter():
+    _in_the_interpreter(CHECK_GRAD_DTYPES.format(shapes=SHAPES) + "\ncheck('cpu')\n")
 
 
 def _on_the_gpu(program: str, **options) -> None:
@@ -208,3 +249,9 @@ def test_supports_only_what_the_kernel_computes():
         assert not FusedAdamW.supports(torch.optim.AdamW(cuda, lr=1.0, amsgrad=True), cuda)
         assert not FusedAdamW.supports(torch.optim.Adam(cuda, lr=1.0, weight_decay=0.1), cuda)  # L2, not AdamW
         assert FusedAdamW.supports(torch.optim.Adam(cuda, lr=1.0), cuda)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_and_fp16_gradients_give_the_step_of_their_fp32_copies_on_the_gpu():
+    _on_the_gpu(CHECK_GRAD_DTYPES.format(shapes=SHAPES))

@@ -74,3 +74,39 @@ def test_ddp_over_nccl_with_fp32_grad_buffers_and_timers():
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_bf16_grad_buffers_reach_the_fused_adamw_as_they_are(distributed):
+    """With bf16 grad buffers (--grad-reduce-in-bf16) the fused AdamW reads DDP's bf16 gradients themselves (no
+    fp32 copy per param and step): the same step, bit for bit, and the same gradient norm (clipping on) as a
+    model whose fp32 buffers hold those gradients widened."""
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel()
+        config = OptimizerConfig(lr=1e-2, bf16=True, clip_grad=1e-3, use_distributed_optimizer=distributed)
+        runs = []
+        for in_fp32 in (False, True):
+            model = make_model().bfloat16()
+            ddp = DistributedDataParallel(type("Config", (), {})(), DistributedDataParallelConfig(
+                grad_reduce_in_fp32=in_fp32, use_distributed_optimizer=distributed), model)
+            runs.append((ddp, get_megatron_optimizer(config, [ddp])))
+        (bf16_ddp, bf16_optimizer), (fp32_ddp, fp32_optimizer) = runs
+        x = torch.randn(16, 32, device="cuda", dtype=torch.bfloat16)
+        for step in range(2):
+            for ddp, _ in runs:
+                ddp.zero_grad_buffer()
+            bf16_ddp(x * (step + 1)).float().square().mean().backward()
+            finalize_model_grads([bf16_ddp])
+            for ours, theirs in zip(bf16_ddp.parameters(), fp32_ddp.parameters()):
+                assert ours.main_grad.dtype == torch.bfloat16
+                theirs.main_grad.copy_(ours.main_grad)
+            results = [optimizer.step() for optimizer in (bf16_optimizer, fp32_optimizer)]
+            assert results[0] == results[1] and results[0][0]
+            grads = [shard.grad for group in bf16_optimizer.optimizer.param_groups for shard in group["params"]]
+            assert grads and all(grad.dtype == torch.bfloat16 for grad in grads)
+        for ours, theirs in zip(bf16_ddp.parameters(), fp32_ddp.parameters()):
+            assert torch.equal(ours, theirs)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
