@@ -19,7 +19,7 @@ DTYPE_OF_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 _NAME_OF_DTYPE = {dtype: name for name, dtype in DTYPE_OF_NAME.items()}
 # field: the dtypes built for it under --use-precision-aware-optimizer
 _PRECISION_AWARE_BUILT = {
-    "main_grads_dtype": (torch.float32,),
+    "main_grads_dtype": (torch.float32, torch.bfloat16),
     "main_params_dtype": (torch.float32,),
     "exp_avg_dtype": (torch.float32, torch.bfloat16),
     "exp_avg_sq_dtype": (torch.float32, torch.bfloat16),
@@ -48,6 +48,11 @@ def precision_aware_problems(config) -> List[str]:
     if not config.use_distributed_optimizer:
         problems.append("use_precision_aware_optimizer (--use-precision-aware-optimizer) is only supported with the "
                         "distributed optimizer (--use-distributed-optimizer)")
+    if dtypes["main_grads_dtype"] == torch.bfloat16:
+        if not getattr(config, "bf16", False):
+            problems.append("main_grads_dtype (--main-grads-dtype bf16) needs --bf16")
+        elif getattr(config, "accumulate_allreduce_grads_in_fp32", False):
+            problems.append("--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set")
     for field, dtype in dtypes.items():
         built = _PRECISION_AWARE_BUILT[field]
         if dtype not in built:
@@ -167,10 +172,14 @@ class OptimizerConfig:
     # --- precision-aware optimizer -------------------------------------------------------------------
     use_precision_aware_optimizer: bool = False
     """Let the optimizer keep its state in lower precision (`--use-precision-aware-optimizer`; Adam and the
-    distributed optimizer only). Built: the Adam moments in bf16 (`exp_avg_dtype`, `exp_avg_sq_dtype`)."""
+    distributed optimizer only). Built: the Adam moments in bf16 (`exp_avg_dtype`, `exp_avg_sq_dtype`), bf16
+    main gradients (`main_grads_dtype`)."""
 
     main_grads_dtype: torch.dtype = torch.float32
-    """dtype of the main gradients under the precision-aware optimizer (`--main-grads-dtype`): fp32 only so far."""
+    """dtype of the gradients the optimizer reads, under the precision-aware optimizer (`--main-grads-dtype`,
+    with `--bf16`): fp32, or bf16, where DDP's grad buffers hold bf16 (`grad_reduce_in_fp32=False`: gradients
+    accumulated and reduced in bf16, as Megatron-LM makes them for this flag) and the fused AdamW reads them as
+    they are, into fp32."""
 
     main_params_dtype: torch.dtype = torch.float32
     """dtype of the main params under the precision-aware optimizer (`--main-params-dtype`): fp32 only so far."""

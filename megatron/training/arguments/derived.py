@@ -15,6 +15,8 @@ widths, the parameters' dtype, ...); `derive_values` adds those that need severa
 
 import argparse
 
+import torch
+
 from megatron.training.arguments.reporting import print_rank_0, warn_rank_0
 from megatron.training.arguments.validate_optimizer import muon_values
 from megatron.training.arguments.validate_parallel import describe_data_parallel_size, world_size_problem
@@ -86,7 +88,11 @@ def _precision_values(config: RunConfig, values: dict) -> dict:
         derived["check_for_nan_in_loss_and_grad"] = False
         print_rank_0("WARNING: Setting args.check_for_nan_in_loss_and_grad to False since dynamic loss "
                      "scaling is being used")
-    if values["accumulate_allreduce_grads_in_fp32"] and not precision.accumulate_allreduce_grads_in_fp32:
+    if values["params_dtype"] == torch.bfloat16 and config.optimizer.main_grads_dtype == "bf16":
+        # Megatron-LM's rule: bf16 main gradients leave the gradients in bf16 (only with the precision-aware
+        # optimizer; its check reports the other cases).
+        derived["accumulate_allreduce_grads_in_fp32"] = precision.accumulate_allreduce_grads_in_fp32
+    elif values["accumulate_allreduce_grads_in_fp32"] and not precision.accumulate_allreduce_grads_in_fp32:
         print_rank_0("accumulate and all-reduce gradients in fp32 for bfloat16 data type.")
     print_rank_0(f"using {values['params_dtype']} for parameters ...")
     return derived

@@ -27,10 +27,11 @@ class OptimizerChoiceConfig(Section):
 
     use_precision_aware_optimizer: bool = False
     """Let the optimizer keep state in lower precision (Adam and --use-distributed-optimizer only); what is
-    built: --exp-avg-dtype / --exp-avg-sq-dtype bf16."""
+    built: --exp-avg-dtype / --exp-avg-sq-dtype bf16, --main-grads-dtype bf16."""
 
     main_grads_dtype: str = flag("fp32", choices=("fp32", "bf16"))
-    """dtype of the main gradients with --use-precision-aware-optimizer (fp32 only so far)."""
+    """dtype of the main gradients with --use-precision-aware-optimizer: bf16 (with --bf16) keeps the gradient
+    buffers in bf16, accumulated and reduced in bf16 as with --grad-reduce-in-bf16, read by Adam as they are."""
 
     main_params_dtype: str = flag("fp32", choices=("fp32", "fp16"))
     """dtype of the main params with --use-precision-aware-optimizer (fp32 only so far)."""

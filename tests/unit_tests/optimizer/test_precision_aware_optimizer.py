@@ -152,8 +152,7 @@ def test_distributed_optimizer_steps_bf16_moments_in_the_triton_kernel_like_the_
     (dict(VALID, exp_avg_dtype=torch.float16), r"exp_avg_dtype \(--exp-avg-dtype fp16\) is not supported yet; "
                                                 r"use fp32 or bf16"),
     (dict(VALID, exp_avg_sq_dtype=torch.uint8), r"exp_avg_sq_dtype \(--exp-avg-sq-dtype fp8\) is not supported yet"),
-    (dict(VALID, main_grads_dtype=BF16), r"main_grads_dtype \(--main-grads-dtype bf16\) is not supported yet; "
-                                         r"use fp32"),
+    (dict(VALID, main_grads_dtype=BF16, bf16=False), r"main_grads_dtype \(--main-grads-dtype bf16\) needs --bf16"),
     (dict(VALID, main_params_dtype=torch.float16), r"main_params_dtype \(--main-params-dtype fp16\) is not "
                                                    r"supported yet; use fp32"),
     (dict(lr=1e-3, exp_avg_dtype=BF16), r"exp_avg_dtype \(--exp-avg-dtype bf16\) can only be fp32 when not using "

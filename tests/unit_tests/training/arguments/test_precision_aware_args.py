@@ -39,7 +39,7 @@ def test_every_problem_is_reported(problems):
         "'sgd' (--optimizer sgd)",
         "use_precision_aware_optimizer (--use-precision-aware-optimizer) is only supported with the distributed "
         "optimizer (--use-distributed-optimizer)",
-        "main_grads_dtype (--main-grads-dtype bf16) is not supported yet; use fp32",
+        "main_grads_dtype (--main-grads-dtype bf16) needs --bf16",
         "main_params_dtype (--main-params-dtype fp16) is not supported yet; use fp32",
         "exp_avg_dtype (--exp-avg-dtype fp16) is not supported yet; use fp32 or bf16",
         "exp_avg_sq_dtype (--exp-avg-sq-dtype fp8) is not supported yet; use fp32 or bf16",
@@ -51,3 +51,15 @@ def test_a_low_precision_dtype_needs_the_precision_aware_optimizer(problems):
     message = problems(*MINIMAL, "--use-distributed-optimizer", "--exp-avg-dtype", "bf16")
     assert ("exp_avg_dtype (--exp-avg-dtype bf16) can only be fp32 when not using the precision-aware optimizer "
             "(--use-precision-aware-optimizer)") in message
+
+
+def test_bf16_main_grads_keep_the_gradient_buffers_in_bf16(validated, problems):
+    """Megatron-LM's rule: --main-grads-dtype bf16 leaves --accumulate-allreduce-grads-in-fp32 off under --bf16
+    (DDP's buffers hold bf16, as with --grad-reduce-in-bf16), and refuses it given explicitly."""
+    args = validated(*MINIMAL, "--bf16", *PRECISION_AWARE, "--main-grads-dtype", "bf16")
+    assert args.main_grads_dtype == torch.bfloat16 and not args.accumulate_allreduce_grads_in_fp32
+    assert optimizer_config_from_args(args).main_grads_dtype == torch.bfloat16
+    assert validated(*MINIMAL, "--bf16", *PRECISION_AWARE).accumulate_allreduce_grads_in_fp32
+    message = problems(*MINIMAL, "--bf16", *PRECISION_AWARE, "--main-grads-dtype", "bf16",
+                       "--accumulate-allreduce-grads-in-fp32")
+    assert "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set" in message
