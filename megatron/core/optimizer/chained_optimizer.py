@@ -24,6 +24,8 @@ class ChainedOptimizer(MegatronOptimizer):
         if not chained_optimizers:
             raise ValueError("ChainedOptimizer needs at least one optimizer")
         self.chained_optimizers = chained_optimizers
+        for optimizer in chained_optimizers:
+            optimizer.chained = True
         self.config = chained_optimizers[0].config
         self.grad_stats_parallel_group = None
         self.tensor_parallel_rank = None

@@ -104,6 +104,7 @@ class MegatronOptimizer(ABC):
         self.config = config
         self.grad_stats_parallel_group = None
         self.tensor_parallel_rank = None
+        self.chained = False  # a ChainedOptimizer's member: the chain computes the norm and clips in place
 
     def get_parameters(self) -> List[torch.nn.Parameter]:
         """The tensors the inner optimizer updates (fp32 main params where they exist)."""
@@ -255,7 +256,8 @@ class MegatronOptimizer(ABC):
     def _clips_in_update(self) -> bool:
         """Whether clipping is on and folded into the update (the fused Adam kernels' grad_scale)."""
         inner = getattr(self, "optimizer", None)  # a ChainedOptimizer has several and takes the plain path
-        return self.config.clip_grad > 0.0 and getattr(inner, "_step_supports_amp_scaling", False)
+        return (self.config.clip_grad > 0.0 and not getattr(self, "chained", False)
+                and getattr(inner, "_step_supports_amp_scaling", False))
 
     def supports_device_veto(self) -> bool:
         """Whether `step_with_device_grad_norm` can skip an update on the device (see there)."""

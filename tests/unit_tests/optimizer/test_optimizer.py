@@ -268,6 +268,9 @@ def test_expert_parallel_params_get_their_own_optimizer():
     for param, reference in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(param.detach(), reference.detach(), rtol=1e-6, atol=1e-6)
     assert len(optimizer.state_dict()) == 2
+    for member in optimizer.chained_optimizers:  # the chain clips in place: no member folds it into its update
+        member.optimizer._step_supports_amp_scaling = True  # as torch's fused Adam on a GPU says
+        assert not member._clips_in_update()
 
 
 def test_param_groups_are_matched_by_key_when_loading():
