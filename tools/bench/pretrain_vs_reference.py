@@ -16,7 +16,8 @@ clip 1.0) this runs, one after the other on the same GPU:
 With `--profile`, `pretrain_gpt.py --profile --use-pytorch-profiler` profiles three iterations after the timed
 ones and the reference three steps: one summary line each (kernel time per class, GPU busy, launches).
 `--trace-dir DIR` keeps our runs' traces (with Python call stacks, for `kernel_sources.py`) under
-DIR/<config>_<variant>/.
+DIR/<config>_<variant>/, and there the reference's kernel table and trace (with input shapes:
+reference.kernels.txt[.trace.json.gz]).
 The table comes last.
 """
 
@@ -86,8 +87,12 @@ def _micro_batch(name: str, extra: str) -> int:
     return int(found[-1])
 
 
-def run_reference(name: str, micro_batch: int, profile: bool) -> dict:
-    """The reference in a fresh process (so the two never share GPU memory)."""
+def run_reference(name: str, micro_batch: int, profile: bool, keep_trace: str = "") -> dict:
+    """The reference in a fresh process (so the two never share GPU memory). `keep_trace`: a directory its
+    profile's kernel table and trace (with input shapes) go to."""
+    table = os.path.join(keep_trace, "reference.kernels.txt") if keep_trace else "/tmp/reference_profile.txt"
+    if keep_trace:
+        os.makedirs(keep_trace, exist_ok=True)
     code = (
         "import json, sys, torch\n"
         f"sys.path[:0] = [{ROOT!r}, {HERE!r}]\n"
@@ -108,7 +113,7 @@ def run_reference(name: str, micro_batch: int, profile: bool) -> dict:
         f"    result = {{'tokens_per_s': {micro_batch} * shape.seq_length / seconds,\n"
         "              'peak_gib': torch.cuda.max_memory_allocated() / 2**30}\n"
         f"    if {profile}:\n"
-        "        result['profile'] = profile_steps(step, 3, '/tmp/reference_profile.txt', 'reference')\n"
+        f"        result['profile'] = profile_steps(step, 3, {table!r}, 'reference')\n"
         "except torch.OutOfMemoryError:\n"
         "    result = {'error': 'out of memory'}\n"
         "print('RESULT ' + json.dumps(result))\n"
@@ -133,7 +138,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=40, help="pretrain_gpt.py iterations per run")
     parser.add_argument("--profile", action="store_true", help="profile three steps of each run")
     parser.add_argument("--skip-reference", action="store_true")
-    parser.add_argument("--trace-dir", default="", help="with --profile: keep our runs' traces under this directory")
+    parser.add_argument("--trace-dir", default="", help="with --profile: keep the traces under this directory")
     options = parser.parse_args()
     variants = [entry.partition("=")[::2] for entry in options.variants.split(";") if entry.strip()]
     rows = []
@@ -145,7 +150,7 @@ def main() -> int:
             ours = run_pretrain_gpt(name, extra, options.iters, options.profile, keep_trace)
             micro_batch = _micro_batch(name, extra)
             if not options.skip_reference and micro_batch not in references:
-                references[micro_batch] = run_reference(name, micro_batch, options.profile)
+                references[micro_batch] = run_reference(name, micro_batch, options.profile, keep_trace)
             reference = references.get(micro_batch, {"error": "skipped"})
             for who, result in (("ours", ours), ("reference", reference)):
                 if "profile" in result:
