@@ -19,9 +19,9 @@ from megatron.training.profiling import summarize_kernels  # noqa: E402
 
 def profile_steps(step_fn, steps: int, table_path: str, title: str) -> str:
     """Runs `step_fn` `steps` times under the profiler; writes the top-kernel table to `table_path`, the
-    timeline with input shapes beside it (`<table_path>.trace.json.gz`, for chrome://tracing or Perfetto: where the GPU idles
-    and what the host does meanwhile) and returns a one-paragraph summary (ms per step per kernel class, GPU
-    busy fraction)."""
+    timeline with input shapes beside it (`<table_path>.trace.json.gz`, for chrome://tracing or Perfetto: where
+    the GPU idles and what the host does meanwhile) and returns a one-paragraph summary (ms per step per kernel
+    class, GPU busy fraction)."""
     step_fn()  # the first step after a pause may allocate; keep it out of the trace
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
