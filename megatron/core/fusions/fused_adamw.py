@@ -255,8 +255,9 @@ class FusedAdamW:
                 table.block_tensor, table.block_start, table.numels, table.tensor_group, group_table,
                 grad_scale if grad_scale is not None else group_table, skip if skip is not None else group_table,
                 *table.pointers, HAS_GRAD_SCALE=grad_scale is not None, HAS_SKIP=skip is not None,
-                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], GRAD_DTYPE=_TRITON_DTYPES[grad_dtype], EXP_AVG_DTYPE=_TRITON_DTYPES[exp_avg_dtype],
-                EXP_AVG_SQ_DTYPE=_TRITON_DTYPES[exp_avg_sq_dtype], BLOCK_SIZE=self.block_size,
+                MODEL_DTYPE=_TRITON_DTYPES[model_dtype], GRAD_DTYPE=_TRITON_DTYPES[grad_dtype],
+                EXP_AVG_DTYPE=_TRITON_DTYPES[exp_avg_dtype], EXP_AVG_SQ_DTYPE=_TRITON_DTYPES[exp_avg_sq_dtype],
+                BLOCK_SIZE=self.block_size,
                 num_warps=self.num_warps,
             )
 
