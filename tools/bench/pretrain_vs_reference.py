@@ -15,8 +15,8 @@ clip 1.0) this runs, one after the other on the same GPU:
 
 With `--profile`, `pretrain_gpt.py --profile --use-pytorch-profiler` profiles three iterations after the timed
 ones and the reference three steps: one summary line each (kernel time per class, GPU busy, launches).
-`--trace-dir DIR` keeps our runs' traces (with Python call stacks, for `kernel_sources.py`) under
-DIR/<config>_<variant>/, and there the reference's kernel table and trace (with input shapes:
+`--trace-dir DIR` keeps our runs' traces (with Python call stacks and input shapes, for `kernel_sources.py`)
+under DIR/<config>_<variant>/, and there the reference's kernel table and trace (with input shapes:
 reference.kernels.txt[.trace.json.gz]).
 The table comes last.
 """
@@ -55,7 +55,7 @@ def run_pretrain_gpt(name: str, extra: str, iters: int, profile: bool, keep_trac
             flags += (f" --profile --use-pytorch-profiler --profile-step-start {iters - 3} --profile-step-end {iters}"
                       f" --tensorboard-dir {scratch}/tb")
             if keep_trace:
-                flags += " --pytorch-profiler-collect-callstack"
+                flags += " --pytorch-profiler-collect-callstack --pytorch-profiler-collect-shapes"
         done = subprocess.run([sys.executable, "pretrain_gpt.py", *shlex.split(flags)], cwd=ROOT,
                               capture_output=True, text=True)
         kernels_path = os.path.join(scratch, "torch_profile", "rank-0.kernels.txt")
