@@ -37,16 +37,16 @@ class DummyTimer:
 
     name = "dummy timer"
 
-    def start(self, barrier: bool = False) -> None:
+    def start(self, barrier: bool = False, synchronize: bool = True) -> None:
         return None
 
-    def stop(self, barrier: bool = False) -> None:
+    def stop(self, barrier: bool = False, synchronize: bool = True) -> None:
         return None
 
     def reset(self) -> None:
         return None
 
-    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+    def elapsed(self, reset: bool = True, barrier: bool = False, synchronize: bool = True) -> float:
         raise RuntimeError("a timer above --timing-log-level measures nothing: raise the level to read it")
 
     def active_time(self) -> float:
@@ -72,19 +72,23 @@ class Timer:
         if barrier and dist.is_initialized():
             dist.barrier(group=self._barrier_group)
 
-    def start(self, barrier: bool = False) -> None:
+    def start(self, barrier: bool = False, synchronize: bool = True) -> None:
+        """`synchronize=False`: read the clock without waiting for the device (the caller knows what has
+        finished: an event it waited for)."""
         if self._started:
             raise RuntimeError(f"timer {self.name!r} has already been started")
         self._barrier(barrier)
-        _synchronize_device()
+        if synchronize:
+            _synchronize_device()
         self._start_time = time.time()
         self._started = True
 
-    def stop(self, barrier: bool = False) -> None:
+    def stop(self, barrier: bool = False, synchronize: bool = True) -> None:
         if not self._started:
             raise RuntimeError(f"timer {self.name!r} is not started")
         self._barrier(barrier)
-        _synchronize_device()
+        if synchronize:
+            _synchronize_device()
         elapsed = time.time() - self._start_time
         self._elapsed += elapsed
         self._active_time += elapsed
@@ -95,16 +99,16 @@ class Timer:
         self._elapsed = 0.0
         self._started = False
 
-    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+    def elapsed(self, reset: bool = True, barrier: bool = False, synchronize: bool = True) -> float:
         """Seconds accumulated so far (a running timer keeps running); `reset` clears them."""
         running = self._started
         if running:
-            self.stop(barrier=barrier)
+            self.stop(barrier=barrier, synchronize=synchronize)
         elapsed = self._elapsed
         if reset:
             self.reset()
         if running:
-            self.start(barrier=barrier)
+            self.start(barrier=barrier, synchronize=synchronize)
         return elapsed
 
     def active_time(self) -> float:

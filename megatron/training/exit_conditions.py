@@ -40,13 +40,16 @@ class ExitConditions:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
-    def checkpoint_and_decide_exit(self, iteration: int, save) -> int | None:
-        """Saves with `save()` when due; returns the exit code when training must stop, else None."""
+    def checkpoint_and_decide_exit(self, iteration: int, save, before_exit=None) -> int | None:
+        """Saves with `save()` when due; returns the exit code when training must stop, else None.
+        `before_exit()`, when given, runs before the exit is announced (the deferred console line)."""
+        announce = before_exit or (lambda: None)
         args = self.args
         if args.exit_signal_handler and self._any_rank(self.signal_received):
             if args.save:
                 save()
             name = getattr(args.exit_signal, "name", args.exit_signal)  # SIGTERM, not its number
+            announce()
             print_rank_0(f"exiting program after receiving signal {name} at iteration {iteration}")
             return 0
 
@@ -61,12 +64,14 @@ class ExitConditions:
             if minutes.item() > args.exit_duration_in_mins:
                 if args.save and not saved:
                     save()
+                announce()
                 print_rank_0(f"exiting program after {minutes.item():.1f} minutes at iteration {iteration}")
                 return 0
 
         if args.exit_interval and iteration % args.exit_interval == 0:
             if args.save and not saved:
                 save()
+            announce()
             print_rank_0(f"exiting program at iteration {iteration}")
             return 0
         return None

@@ -23,6 +23,8 @@ writes them there (`TrainState.publish`, `TrainingSchedule.publish`, `build_mode
 `build_data_iterators`) and never reads them back.
 """
 
+import contextlib
+import sys
 import time
 
 import torch
@@ -176,17 +178,31 @@ class Trainer:
                     try:
                         exit_code = self._train_iteration()
                     except RerunExit as stop:
+                        self.logger.flush()
                         self.bad_step_guard.resolve()  # a verdict on the step before, still on the device, first
                         return self._stop_for_rerun_engine(stop)
                 except BadStepStop as stop:
+                    self.logger.flush()
                     self._rewind(stop.iteration)
                     return stop_on_bad_step(stop, self.save if args.save else None)
                 if exit_code is not None:
                     return exit_code
             return None
         finally:
+            self._flush_log()
             self.instrumentation.finish()
             destroy_rerun_state_machine()
+
+    def _flush_log(self) -> None:
+        """The deferred console line, when training ends. Where it ends by an exception, that exception is the
+        one to see: a flush failing after it (the GPU in error) is not raised over it."""
+        if self.logger is None:
+            return
+        if sys.exc_info()[1] is None:
+            self.logger.flush()
+            return
+        with contextlib.suppress(Exception):
+            self.logger.flush()
 
     def _stop_for_rerun_engine(self, stop: RerunExit) -> int:
         """The engine's exit before the update of iteration `state.iteration + 1`; the checkpoint it asks for
@@ -218,8 +234,11 @@ class Trainer:
         config.finalize_model_grads_func = self.bad_step_guard.wrap_finalize(finalize_model_grads, model)
         self.progress_log = ProgressLog(args, self.state.num_floating_point_operations_so_far)
         self.progress_log.job_started()
+        # The console line is printed once the next iteration is queued (training_log.py) where nothing else
+        # waits for the GPU every iteration: on CUDA without the timers of --timing-log-level 1 and 2.
+        defer_line = self.layout.device.type == "cuda" and args.timing_log_level == 0
         self.logger = TrainingLogger(args, self.timers, self.schedule.train_iters, self.layout.data_parallel_rank,
-                                     self.writer, self.wandb_writer)
+                                     self.writer, self.wandb_writer, defer_line=defer_line)
         self.forward_backward_func = get_forward_backward_func()
         if args.cuda_graph_impl == "full_iteration":
             self.forward_backward_func = FullCudaGraphWrapper(self.forward_backward_func, args.cuda_graph_warmup_steps)
@@ -251,6 +270,7 @@ class Trainer:
         if hash_interval and state.iteration % hash_interval == 0:
             check_weight_hashes_across_dp_replicas(self.model, state.iteration)
         if args.eval_interval and state.iteration % args.eval_interval == 0 and self.data.do_valid:
+            self.logger.flush()
             self.bad_step_guard.resolve()
             self.timers("interval-time").stop()
             with self.instrumentation.evaluation():
@@ -258,7 +278,7 @@ class Trainer:
             self.timers("interval-time", log_level=0).start(barrier=True)
         if args.async_save:
             finalize_async_save(blocking=False)  # a finished background save becomes "latest" now
-        exit_code = self.exit_conditions.checkpoint_and_decide_exit(state.iteration, self.save)
+        exit_code = self.exit_conditions.checkpoint_and_decide_exit(state.iteration, self.save, self.logger.flush)
         if exit_code is not None or state.iteration == self.schedule.train_iters:
             self.bad_step_guard.resolve()  # the last step's verdict, if it is still on the device
         return exit_code
@@ -276,6 +296,7 @@ class Trainer:
     def save(self) -> None:
         """Saves a checkpoint during training. What is saved must be settled: a bad step found now stops the
         run instead (BadStepStop)."""
+        self.logger.flush()
         self.bad_step_guard.resolve()
         # Checkpoint time is not iteration time: pause the interval timer around it.
         self.timers("interval-time").stop()

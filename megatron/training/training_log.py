@@ -6,6 +6,7 @@ elapsed time: tokens/s per GPU, TFLOP/s per GPU, and MFU against a stated dense 
 
 import math
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 
 import torch
@@ -102,7 +103,6 @@ class _Interval:
     `settle` folds the rows into the counts when the line is printed."""
 
     def __init__(self):
-        self.memory_reported = False
         self.reset()
 
     def reset(self):
@@ -134,8 +134,9 @@ class _Interval:
                 self.losses[key] = self.losses.get(key, 0.0) + value.detach()
 
     def settle(self) -> None:
-        """Folds the device-flagged rows into the counts: a skipped iteration's losses are left out; it counts
-        as a nan iteration when a loss or its grad norm is not finite."""
+        """Folds the device-flagged rows into the counts (device tensors then; nothing is read): a skipped
+        iteration's losses are left out; it counts as a nan iteration when a loss or its grad norm is not
+        finite."""
         groups = {}  # rows of one layout: the same losses, with or without a grad norm
         for keys, row in self._rows:
             groups.setdefault((keys, row.numel()), []).append(row)
@@ -143,35 +144,95 @@ class _Interval:
             rows = torch.stack(rows)  # [iterations, 1 + losses (+ grad norm)]
             skipped = rows[:, 0] != 0
             nonfinite = ~torch.isfinite(rows[:, 1:].sum(dim=1))
-            self.skipped = self.skipped + int(skipped.sum())
-            self.nan = self.nan + int((skipped & nonfinite).sum())
-            self.advanced = self.advanced + int((~skipped).sum())
+            self.skipped = self.skipped + skipped.sum()
+            self.nan = self.nan + (skipped & nonfinite).sum()
+            self.advanced = self.advanced + (~skipped).sum()
             kept = torch.where(skipped[:, None], 0.0, rows[:, 1:1 + len(keys)]).sum(dim=0)
             for key, total in zip(keys, kept):
                 self.losses[key] = self.losses.get(key, 0.0) + total
         self._rows = []
 
 
+@dataclass
+class _Line:
+    """What the console line of one log iteration shows, taken when the iteration has been queued.
+
+    `values`: the interval's counts and loss sums, the loss scale, grad norm and zero count, by name; device
+    values among them are read through `read()`. Staged (`stage()`), they are copied to pinned host memory
+    behind the iteration, with an event after the copy: reading them later waits for that event only, where
+    reading a device tensor would wait for everything queued on its stream since (the next iteration)."""
+
+    iteration: int
+    consumed_samples: int
+    batch_size: int
+    iterations: int
+    learning_rate: float
+    decoupled_learning_rate: float | None
+    params_norm: object
+    values: dict
+    _host: object = None
+    _done: object = None
+
+    def stage(self) -> None:
+        """Takes the values now: host tensors are read at once, GPU ones copied as described above."""
+        for name, value in self.values.items():
+            if torch.is_tensor(value) and not value.is_cuda:
+                self.values[name] = float(value)
+        names = [name for name, value in self.values.items() if torch.is_tensor(value)]
+        if not names:
+            return
+        on_device = torch.stack([self.values[name].detach().reshape(()).to(torch.float64) for name in names])
+        self._host = (names, torch.empty(on_device.shape, dtype=torch.float64, pin_memory=True))
+        self._host[1].copy_(on_device, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def read(self) -> dict:
+        """The values as Python numbers (waiting for the staged copy, if any)."""
+        values = dict(self.values)
+        if self._host is not None:
+            self._done.synchronize()
+            names, host = self._host
+            values.update(zip(names, host.tolist()))
+        return {name: None if value is None else float(value) for name, value in values.items()}
+
+
 class TrainingLogger:
     """The per-iteration scalars and the per-interval console line of one run.
 
     `train_iters` is the run's length (the progress and time-remaining fields); `writer` / `wandb_writer` the
-    TensorBoard and W&B writers (None where there are none: every rank but the last)."""
+    TensorBoard and W&B writers (None where there are none: every rank but the last).
 
-    def __init__(self, args, timers, train_iters: int, data_parallel_rank: int, writer=None, wandb_writer=None):
+    `defer_line` (on a GPU, where nothing else waits for the device every iteration): the line of a log
+    iteration is printed by the next call, once the following iteration has been queued, or by `flush()`.
+    Printing reads the losses and the clock, which waits for the GPU to finish the iteration; done at once,
+    the GPU then idled while the host queued the next iteration (the batch's copies, the gradient buffers'
+    reset, a CUDA graph's launch: ~2-3 ms each log interval, 2% of GPT-2 small's step time at
+    --log-interval 5, 15% at --log-interval 1). Deferred, the GPU runs the next iteration meanwhile; the
+    interval's time is read when its last iteration's event has completed, so it still counts exactly
+    the logged iterations. The caller flushes before anything it prints in between (evaluation, checkpoints,
+    the exit)."""
+
+    def __init__(self, args, timers, train_iters: int, data_parallel_rank: int, writer=None, wandb_writer=None,
+                 defer_line: bool = False):
         self.args, self.timers, self.train_iters = args, timers, train_iters
         self.data_parallel_rank = data_parallel_rank
         self.writer, self.wandb_writer = writer, wandb_writer
         self.interval = _Interval()
+        self.defer_line = defer_line
+        self._pending: _Line | None = None
+        self._memory_reported = False
 
     def log(self, state: TrainState, batch: StepBatch, loss_dict: dict, learning_rate: float, loss_scale,
             skipped_iter, grad_norm, num_zeros_in_grad, params_norm=None, decoupled_learning_rate=None) -> None:
         """Accumulates the iteration `state.iteration` just finished (`batch` its batch) and, every
-        `--log-interval` iterations, prints the console line.
+        `--log-interval` iterations, prints the console line (with `defer_line`: the next call or `flush()`
+        prints it).
 
         `loss_scale` and `grad_norm` may be 1-element device tensors (the optimizer's, unread): they are
         converted only where written, so an iteration that logs nothing queues no host sync."""
-        args, timers, iteration = self.args, self.timers, state.iteration
+        self.flush()  # the line of the iteration before, now that this one is queued
+        args, iteration = self.args, state.iteration
         writer, wandb_writer, interval = self.writer, self.wandb_writer, self.interval
         if args.num_experts is not None:
             loss_dict = {**loss_dict, **_moe_aux_losses(args, batch.num_microbatches)}
@@ -210,9 +271,33 @@ class TrainingLogger:
             return
 
         dump_memory_snapshot(args)
-        iterations = interval.iterations
-        elapsed = timers("interval-time").elapsed(barrier=True)
-        seconds_per_iteration = elapsed / max(iterations, 1)
+        interval.settle()
+        values = {"advanced": interval.advanced, "skipped": interval.skipped, "nan": interval.nan,
+                  "loss scale": loss_scale, "grad norm": grad_norm, "num zeros": num_zeros_in_grad,
+                  **{("loss", key): total for key, total in interval.losses.items()}}
+        line = _Line(iteration, state.consumed_train_samples, batch_size, interval.iterations, learning_rate,
+                     decoupled_learning_rate, params_norm, values)
+        self.interval = _Interval()
+        if self.defer_line:
+            line.stage()
+            self._pending = line
+        else:
+            self._print(line, line.read(), self.timers("interval-time").elapsed(barrier=True))
+
+    def flush(self) -> None:
+        """Prints the deferred line, if any (waiting for its iteration to finish on the GPU)."""
+        if self._pending is None:
+            return
+        line, self._pending = self._pending, None
+        values = line.read()
+        # The clock is read as the iteration's event completes: the queued iteration after it is not waited for.
+        self._print(line, values, self.timers("interval-time").elapsed(synchronize=False))
+
+    def _print(self, line: _Line, values: dict, elapsed: float) -> None:
+        args, timers, writer = self.args, self.timers, self.writer
+        iteration, batch_size, params_norm = line.iteration, line.batch_size, line.params_norm
+        learning_rate, decoupled_learning_rate = line.learning_rate, line.decoupled_learning_rate
+        seconds_per_iteration = elapsed / max(line.iterations, 1)
         tokens_per_gpu = batch_size * args.seq_length / args.world_size / seconds_per_iteration
         tflops_per_gpu = (num_floating_point_operations(args, batch_size) / seconds_per_iteration / 1e12
                           / args.world_size)
@@ -225,7 +310,7 @@ class TrainingLogger:
 
         fields = [
             f"iteration {iteration:8d}/{self.train_iters:8d}",
-            f"consumed samples: {state.consumed_train_samples:12d}",
+            f"consumed samples: {line.consumed_samples:12d}",
             f"elapsed time per iteration (ms): {seconds_per_iteration * 1000.0:.1f}",
             f"tokens/s/GPU: {tokens_per_gpu:.0f}",
             f"throughput per GPU (TFLOP/s/GPU): {tflops_per_gpu:.1f}",
@@ -241,29 +326,28 @@ class TrainingLogger:
         if decoupled_learning_rate is not None:
             fields.append(f"decoupled learning rate: {decoupled_learning_rate:.6E}")
         fields.append(f"global batch size: {batch_size:5d}")
-        interval.settle()
-        advanced, skipped, nan = int(interval.advanced), int(interval.skipped), int(interval.nan)
-        for key, total in interval.losses.items():
-            average = float(total) / max(advanced, 1)
+        advanced, skipped, nan = int(values["advanced"]), int(values["skipped"]), int(values["nan"])
+        for name, total in values.items():
+            average = total / max(advanced, 1) if isinstance(name, tuple) else 0.0
             if average > 0.0:
-                fields.append(f"{key}: {average:.6E}")
-        fields.append(f"loss scale: {float(loss_scale):.1f}")
-        if grad_norm is not None:
-            fields.append(f"grad norm: {float(grad_norm):.3f}")
-        if num_zeros_in_grad is not None:
-            fields.append(f"num zeros: {float(num_zeros_in_grad):.1f}")
+                fields.append(f"{name[1]}: {average:.6E}")
+        fields.append(f"loss scale: {values['loss scale']:.1f}")
+        if values["grad norm"] is not None:
+            fields.append(f"grad norm: {values['grad norm']:.3f}")
+        if values["num zeros"] is not None:
+            fields.append(f"num zeros: {values['num zeros']:.1f}")
         if params_norm is not None:
             fields.append(f"params norm: {float(params_norm):.3f}")
         fields.append(f"number of skipped iterations: {skipped:3d}")
         fields.append(f"number of nan iterations: {nan:3d}")
         timestamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
         print_rank_last(f" [{timestamp}] " + " | ".join(fields) + " |")
-        interval.reset()
 
-        if torch.cuda.is_available() and not interval.memory_reported:
-            interval.memory_reported = True
+        if torch.cuda.is_available() and not self._memory_reported:
+            self._memory_reported = True
             self._report_memory(iteration)
-        timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
+        if args.timing_log_level > 0:  # else none of them runs; and their all-gather would wait for the GPU
+            timers.log(_TIMERS_TO_LOG, normalizer=args.log_interval)
 
     def _report_memory(self, iteration: int) -> None:
         mb = 1024 * 1024
