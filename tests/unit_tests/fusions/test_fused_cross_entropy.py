@@ -58,6 +58,30 @@ def test_bf16_logits_give_a_bf16_gradient_without_fp32_copies_kept():
     torch.testing.assert_close(grad.float(), expected_grad, atol=1e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_reuse_logits_writes_the_gradient_over_them(label_smoothing, monkeypatch):
+    """Logits made by a layer for the loss alone (as the models' forward makes them): with reuse_logits the
+    gradient that reaches the layer is the logits' own memory, and the layer's gradients are those of the
+    default, which leaves the logits as they were. Several row chunks."""
+    monkeypatch.setattr(fused_cross_entropy, "_CHUNK_ELEMENTS", 5 * V)
+    hidden, target = torch.randn(S, B, 8), _inputs()[1]
+    weights = torch.rand(S, B)
+    results = []
+    for reuse in (False, True):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, V)
+        logits = layer(hidden)
+        before, seen = logits.detach().clone(), []
+        logits.register_hook(lambda grad: seen.append(grad))
+        loss = fused_vocab_parallel_cross_entropy(logits, target, label_smoothing, reuse_logits=reuse)
+        (loss * weights).sum().backward()
+        assert (seen[0].data_ptr() == logits.data_ptr()) == reuse
+        assert torch.equal(logits.detach(), seen[0] if reuse else before)
+        results.append((layer.weight.grad, layer.bias.grad, seen[0].clone()))
+    for default, reused in zip(*results):
+        assert torch.equal(default, reused)
+
+
 def test_rejects_label_smoothing_out_of_range():
     logits, target = _inputs()
     with pytest.raises(ValueError, match="label_smoothing must be in"):

@@ -193,4 +193,4 @@ class GPTModel(LanguageModule):
         logits = scale_logits(self.config, logits)
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [s, b, V/p] -> [b, s, V/p]
-        return self.compute_language_model_loss(labels, logits)
+        return self.compute_language_model_loss(labels, logits, reuse_logits=True)  # nothing else reads them

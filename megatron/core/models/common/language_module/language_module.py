@@ -14,10 +14,13 @@ class LanguageModule(MegatronModule):
     """Base of GPT-style models. Subclasses set `pre_process`, `post_process`,
     `share_embeddings_and_output_weights`, `embedding` (first stage) and `output_layer` (last stage)."""
 
-    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor, *,
+                                    reuse_logits: bool = False) -> torch.Tensor:
         """Per-token loss [b, s] from labels [b, s] and TP-split logits [s, b, V/p] (computed in fp32 inside
-        the fused kernels, without an fp32 copy of the logits)."""
-        loss = fused_vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+        the fused kernels, without an fp32 copy of the logits). `reuse_logits`: the backward writes the logits'
+        gradient over them (for logits made for this loss alone: the models' forward passes it)."""
+        loss = fused_vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous(),
+                                                  reuse_logits=reuse_logits)
         return loss.transpose(0, 1).contiguous()
 
     def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
