@@ -104,10 +104,11 @@ class _FusedVocabParallelCrossEntropy(torch.autograd.Function):
         grad = logits if ctx.reuse_logits else torch.empty_like(logits)
         for i in range(0, len(logits), ctx.rows):
             part = slice(i, i + ctx.rows)
-            _chunk_gradient(
-                logits[part], lse[part], local_target[part], grad_output[part], ctx.smoothing, ctx.vocab_size,
-                grad[part],
-            )
+            chunk = logits[part]
+            # Reused, the chunk is passed as its own output: one tensor, which the compiled kernel updates in
+            # place (two views of one memory would be aliased inputs to it).
+            _chunk_gradient(chunk, lse[part], local_target[part], grad_output[part], ctx.smoothing, ctx.vocab_size,
+                            chunk if ctx.reuse_logits else grad[part])
         return grad.view(vocab_parallel_logits.shape), None, None, None
 
 
