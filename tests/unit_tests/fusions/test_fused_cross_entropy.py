@@ -123,6 +123,26 @@ def test_compiled_kernels_on_gpu(shape, label_smoothing, monkeypatch):
     torch.testing.assert_close(grad.float(), expected_grad, atol=1e-3, rtol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reused_logits_on_gpu_give_the_default_gradient(monkeypatch):
+    """The compiled gradient kernel writing over its own input chunk: bit for bit the default's gradient."""
+    monkeypatch.setattr(fused_cross_entropy, "_CHUNK_ELEMENTS", 2**22)
+    logits, target = _inputs("cuda", torch.bfloat16, (64, 2, 50304))
+    weights = torch.rand(64, 2, device="cuda")
+    grads = []
+    for reuse in (False, True):
+        leaf = logits.detach().clone().requires_grad_(True)
+        logits_of_leaf = leaf * 1  # made for the loss alone, as the model's output layer makes them
+        seen = []
+        logits_of_leaf.register_hook(lambda grad: seen.append(grad))
+        loss = fused_vocab_parallel_cross_entropy(logits_of_leaf, target, 0.1, reuse_logits=reuse)
+        (loss * weights).sum().backward()
+        assert (seen[0].data_ptr() == logits_of_leaf.data_ptr()) == reuse
+        grads.append(leaf.grad)
+    assert torch.equal(*grads)
+
+
 def test_statistics_take_inductors_one_pass_softmax_pattern(monkeypatch):
     """The row max and sum of exponentials are spelled as Inductor's softmax pattern, which it turns into one
     pass over the row (online softmax, CUDA only: enabled here to see the match; the CPU lowering then stops)."""
