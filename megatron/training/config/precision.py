@@ -72,7 +72,8 @@ class MixedPrecisionConfig(Section):
 
     @property
     def effective_accumulate_allreduce_grads_in_fp32(self) -> bool:
-        """With --bf16, gradients are accumulated and reduced in fp32 unless --grad-reduce-in-bf16."""
+        """With --bf16, gradients are accumulated and reduced in fp32 unless --grad-reduce-in-bf16 (or
+        --main-grads-dtype bf16, an optimizer flag: arguments/derived.py applies that rule)."""
         if self.params_dtype == torch.bfloat16:
             return not self.grad_reduce_in_bf16
         return self.accumulate_allreduce_grads_in_fp32
