@@ -354,8 +354,9 @@ class TrainingLogger:
         mb = 1024 * 1024
         if self.data_parallel_rank != 0:
             return
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0  # a user's own loop
         print(
-            f"[Rank {torch.distributed.get_rank()}] (after {iteration} iterations) memory (MB) | "
+            f"[Rank {rank}] (after {iteration} iterations) memory (MB) | "
             f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | "
             f"max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
             f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
