@@ -14,7 +14,7 @@ that quantize X and dY. Saved for backward: q_X^T (one byte per element instead 
 itself with wgrad=False. The forward GEMM accumulates with cuBLAS' fast mode and the two backward GEMMs
 without it, as Transformer Engine and torchao do.
 
-With gradient-accumulation fusion dW goes into the weight's fp32 `main_grad` (db into the bias's) and the
+With gradient-accumulation fusion dW goes into the weight's fp32 or bf16 `main_grad` (db into the bias's) and the
 weight is marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py). The first dW of
 a step (DDP marked `main_grad` as holding nothing yet, or zeroed it and nothing has written it since) is
 written straight into `main_grad` by the GEMM; later microbatches add theirs. A weight stored in FP8

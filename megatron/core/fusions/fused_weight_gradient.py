@@ -1,4 +1,4 @@
-"""Linear layer whose weight gradient is accumulated straight into the fp32 `main_grad` buffer.
+"""Linear layer whose weight gradient is accumulated straight into DDP's `main_grad` buffer.
 
     Y = X W^T + b                    X [..., in], W [out, in]
     dX = dY W,   main_grad += dY^T X (fp32 accumulation in the GEMM itself),   db = sum over tokens of dY
@@ -14,6 +14,11 @@ b.main_grad += 1^T dY, a GEMV with fp32 output (`add_bias_gradient`). Autograd's
 read it at ~430 GB/s on an H100 for GPT-2 small's [8192, 2304] (29 us, 1.9 TB/s for GPT 1.3B's
 [8192, 6144]: 1.3 ms a step), and DDP's hook then copied the bf16 result into main_grad (one more launch
 per bias).
+
+With bf16 (or fp16) gradient buffers (`--main-grads-dtype bf16`, `--grad-reduce-in-bf16`) the same GEMMs write
+and accumulate into a main_grad of the weight's own dtype (fp32 arithmetic, one rounding per GEMM), as
+Megatron-LM's `wgrad_gemm_accum_fp16` does; autograd would instead round dW to bf16, and DDP's hook then copy
+or add it (a second rounding) into the buffer.
 
 DDP does not zero its gradient buffer at the start of a step: it marks each param `overwrite_main_grad`
 (Megatron-FSDP's name for it) instead, meaning "main_grad holds nothing of this step yet". The first writer
@@ -35,33 +40,35 @@ def takes_main_grad(param: torch.Tensor) -> bool:
     return empty
 
 
-def add_weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
-    """weight.main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated in main_grad's dtype
-    (fp32) by the GEMM, or written when main_grad holds nothing of this step yet; marks the weight
-    `grad_added_to_main_grad`."""
-    main_grad = weight.main_grad
-    beta = 0.0 if takes_main_grad(weight) else 1.0  # beta 0: main_grad's old bytes (maybe NaN) are not read
-    if main_grad.is_cuda:
-        torch.addmm(main_grad, grad_output.t(), input, beta=beta, out_dtype=main_grad.dtype, out=main_grad)
+def _addmm_into(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float) -> None:
+    """main_grad = a @ b + beta * main_grad, computed in fp32 and rounded once to main_grad's dtype (fp32, or
+    the operands' own bf16/fp16)."""
+    if main_grad.dtype == a.dtype:
+        torch.addmm(main_grad, a, b, beta=beta, out=main_grad)
+    elif main_grad.is_cuda:
+        torch.addmm(main_grad, a, b, beta=beta, out_dtype=main_grad.dtype, out=main_grad)
     else:  # CPU has no mixed-dtype GEMM; the same sum in fp32
-        main_grad.addmm_(grad_output.t().to(main_grad.dtype), input.to(main_grad.dtype), beta=beta)
+        main_grad.addmm_(a.to(main_grad.dtype), b.to(main_grad.dtype), beta=beta)
+
+
+def add_weight_gradient(weight: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
+    """weight.main_grad [out, in] += grad_output[n, out]^T @ input[n, in], accumulated by the GEMM into
+    main_grad's dtype, or written when main_grad holds nothing of this step yet; marks the weight
+    `grad_added_to_main_grad`."""
+    beta = 0.0 if takes_main_grad(weight) else 1.0  # beta 0: main_grad's old bytes (maybe NaN) are not read
+    _addmm_into(weight.main_grad, grad_output.t(), input, beta)
     weight.grad_added_to_main_grad = True
 
 
 def add_bias_gradient(bias: torch.Tensor, grad_output: torch.Tensor, accumulate: bool = True) -> torch.Tensor:
-    """bias.main_grad [out] += the column sums of grad_output [n, out] (fp32, written when main_grad holds
-    nothing of this step yet), marking the bias `grad_added_to_main_grad`; returns the never-read placeholder
-    gradient to hand autograd. Without `accumulate` (no gradient-accumulation fusion), or where the bias has no
-    fp32 main_grad to take it: the column sums, for autograd."""
+    """bias.main_grad [out] += the column sums of grad_output [n, out] (written when main_grad holds nothing of
+    this step yet), marking the bias `grad_added_to_main_grad`; returns the never-read placeholder gradient to
+    hand autograd. Without `accumulate` (no gradient-accumulation fusion), or where the bias has no main_grad
+    to take it: the column sums, for autograd."""
     if not accumulate or not can_accumulate_in_main_grad(bias):
         return grad_output.sum(dim=0)
-    main_grad = bias.main_grad.view(1, -1)
     beta = 0.0 if takes_main_grad(bias) else 1.0
-    ones = grad_output.new_ones(1, grad_output.size(0))
-    if main_grad.is_cuda:
-        torch.addmm(main_grad, ones, grad_output, beta=beta, out_dtype=main_grad.dtype, out=main_grad)
-    else:
-        main_grad.addmm_(ones.to(main_grad.dtype), grad_output.to(main_grad.dtype), beta=beta)
+    _addmm_into(bias.main_grad.view(1, -1), grad_output.new_ones(1, grad_output.size(0)), grad_output, beta)
     bias.grad_added_to_main_grad = True
     return torch.empty_like(bias)
 
@@ -87,12 +94,12 @@ class _LinearWithGradAccumulation(torch.autograd.Function):
 
 
 def can_accumulate_in_main_grad(weight: torch.Tensor) -> bool:
-    """True where the fused path applies: a bf16/fp16 weight with DDP's fp32 `main_grad`, outside a
-    `torch.compile` region (a compiled layer keeps autograd's own weight gradient)."""
+    """True where the fused path applies: a bf16/fp16 weight with DDP's `main_grad` in fp32 or in the weight's
+    own dtype, outside a `torch.compile` region (a compiled layer keeps autograd's own weight gradient)."""
     main_grad = getattr(weight, "main_grad", None)
     return (
         main_grad is not None
-        and main_grad.dtype == torch.float32
+        and main_grad.dtype in (torch.float32, weight.dtype)
         and weight.dtype in (torch.bfloat16, torch.float16)
         and weight.requires_grad
         and not torch.compiler.is_compiling()

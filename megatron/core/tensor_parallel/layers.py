@@ -161,7 +161,7 @@ def _communicating_gemm(layer: torch.nn.Module, input_: torch.Tensor) -> dict | 
 
 
 def _accumulates(layer: torch.nn.Module, weight: torch.Tensor) -> bool:
-    """Whether `weight`'s gradient goes into its fp32 main_grad (gradient-accumulation fusion)."""
+    """Whether `weight`'s gradient goes into its main_grad (gradient-accumulation fusion)."""
     return layer.config.gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
 
 

@@ -21,7 +21,7 @@ With `overlap` (--tp-comm-overlap) the sequence collectives are fused with the G
 layer's dX and AG_s + GEMM of the row layer's dX. The results are those of the plain order: the same
 products and, for p = 2, the same sums.
 
-With `accumulate` (gradient-accumulation fusion), dA and db are added straight into the fp32 `main_grad` of
+With `accumulate` (gradient-accumulation fusion), dA and db are added straight into the `main_grad` (fp32 or bf16) of
 the weight and bias, which are marked `grad_added_to_main_grad` (the protocol of fusions/fused_weight_gradient.py).
 """
 

@@ -1,5 +1,5 @@
-"""linear_with_grad_accumulation: the weight and bias gradients land in DDP's fp32 main_grad (summed over
-backward passes, written over whatever an emptied buffer held) and nowhere else; the input gradient is
+"""linear_with_grad_accumulation: the weight and bias gradients land in DDP's main_grad, fp32 or bf16 (summed
+over backward passes, written over whatever an emptied buffer held) and nowhere else; the input gradient is
 autograd's. Reference: float64 sums."""
 
 from types import SimpleNamespace
@@ -34,10 +34,10 @@ def _reference_grads(model, inputs, upstream):
     return {name: param.grad for name, param in reference.named_parameters()}
 
 
-def _run(device):
+def _run(device, grad_dtype):
     model = TwoLinears(torch.bfloat16).to(device)
-    ddp = DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=False),
-                                  DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    config = DistributedDataParallelConfig(grad_reduce_in_fp32=grad_dtype == torch.float32)
+    ddp = DistributedDataParallel(SimpleNamespace(calculate_per_token_loss=False), config, model)
     generator = torch.Generator().manual_seed(1)
     for step in range(2):
         ddp.zero_grad_buffer()
@@ -50,19 +50,21 @@ def _run(device):
         ddp.finish_grad_sync()
         expected = _reference_grads(model, [x.cpu() for x in inputs], [g.cpu() for g in upstream])
         for name, param in model.named_parameters():
-            assert param.grad is None and param.main_grad.dtype == torch.float32
+            assert param.grad is None and param.main_grad.dtype == grad_dtype
             torch.testing.assert_close(param.main_grad.cpu().double(), expected[name], atol=3e-2, rtol=2e-2)
         assert all(param.grad_added_to_main_grad for param in model.parameters())
 
 
-def test_weight_gradients_accumulate_in_main_grad_on_cpu(single_rank_groups):
-    _run("cpu")
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_weight_gradients_accumulate_in_main_grad_on_cpu(single_rank_groups, grad_dtype):
+    _run("cpu", grad_dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_weight_gradients_accumulate_in_main_grad_on_gpu(single_rank_groups):
-    _run("cuda")
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_weight_gradients_accumulate_in_main_grad_on_gpu(single_rank_groups, grad_dtype):
+    _run("cuda", grad_dtype)
 
 
 def test_plain_linear_without_main_grad():
