@@ -10,14 +10,13 @@ with the benchmark model's layer shapes (QKV, cuDNN causal attention, projection
 - the forward pass alone, the per-layer updates alone, and the two one after the other on one stream;
 - the two overlapped: layer k's update on a side stream, layer k's forward waiting for its event; with
   `--carveouts`, the forward's GEMMs also leave that many SMs to the update (cuBLAS's SM count target).
-Reported: ms (median of 10 after 3 warm-ups) and the share of the update's time the overlap hides. A probe for
+Reported: ms (median of 20 after 3 warm-ups) and the share of the update's time the overlap hides. A probe for
 the design, not a path of the trainer. Measured (one H100, 2026-11-28): the GPT 1.3B's update (11.1 ms) hides
 not at all (-10%; 3% for the 3.6B's layers), and leaving it 8-48 SMs makes it worse (-19% to -98%): the update
 needs the whole memory bandwidth and the GEMMs every SM, so the two take turns.
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # runs from a clone without pip install
 
 from megatron.core.fusions.fused_adamw import FusedAdamW  # noqa: E402
+from optimizer_step import milliseconds  # noqa: E402 (this directory: the same timing as the optimizer's bench)
 
 
 def build_layer(hidden: int, ffn: int, generator):
@@ -52,21 +52,6 @@ def forward_layer(x, model, heads: int):
                                                is_causal=True)
     x = x + F.linear(attention.transpose(1, 2).reshape(tokens, hidden), proj_w, proj_b)
     return x + F.linear(F.gelu(F.linear(x, fc1_w, fc1_b), approximate="tanh"), fc2_w, fc2_b)
-
-
-def median_ms(fn, repeats: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -116,14 +101,15 @@ def main() -> int:
         torch._C._set_sm_carveout_experimental(None)
         torch.cuda.current_stream().wait_stream(side)
 
-    times = {name: median_ms(fn) for name, fn in [("forward", forward), ("update", update), ("sequential", sequential)]}
+    runs = [("forward", forward), ("update", update), ("sequential", sequential)]
+    times = {name: milliseconds(fn) for name, fn in runs}
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {options.layers} layers, "
           f"h {options.hidden}, ffn {options.ffn}, {options.tokens} tokens; forward {times['forward']:.2f} ms, "
           f"update {times['update']:.2f} ms, one after the other {times['sequential']:.2f} ms")
     print("| SMs left to the update | overlapped ms | update hidden |")
     print("|---|---|---|")
     for carveout in [int(value) for value in options.carveouts.split(",")]:
-        overlapped_ms = median_ms(lambda: overlapped(carveout))
+        overlapped_ms = milliseconds(lambda: overlapped(carveout))
         hidden_share = (times["sequential"] - overlapped_ms) / times["update"]
         print(f"| {carveout} | {overlapped_ms:.2f} | {100 * hidden_share:.0f}% |")
     return 0
