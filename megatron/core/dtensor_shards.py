@@ -9,24 +9,31 @@ so a [5, 8] weight over 2 ranks is [3, 8] on rank 0 and [2, 8] on rank 1. Gradie
 the finalisation of gradients read this local piece; everything else sees the DTensor.
 """
 
+import sys
 from typing import Tuple
 
 import torch
-from torch.distributed.tensor import DTensor, Shard
 
 
 def is_fully_sharded(tensor) -> bool:
-    """True for a DTensor (an FSDP-sharded param, its gradient or its optimizer state)."""
-    return isinstance(tensor, DTensor)
+    """True for a DTensor (an FSDP-sharded param, its gradient or its optimizer state).
+
+    torch.distributed.tensor is not imported for the check (over a second of start-up): while nothing has
+    imported it (FSDP2, a torch_dist checkpoint), no DTensor exists."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(tensor, dtensor)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The local piece of a DTensor, detached (a view: writing into it writes the shard); any other tensor as is."""
-    return tensor.to_local().detach() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local().detach() if is_fully_sharded(tensor) else tensor
 
 
-def local_rows(tensor: DTensor) -> Tuple[int, int]:
-    """[start, stop) of the rows of dim 0 that this rank holds (module docstring)."""
+def local_rows(tensor) -> Tuple[int, int]:
+    """[start, stop) of the rows of dim 0 that this rank holds (module docstring) of a DTensor `tensor`."""
+    from torch.distributed.tensor import Shard  # loaded already: `tensor` is a DTensor
+
     if tensor.device_mesh.ndim != 1 or tuple(tensor.placements) != (Shard(0),):
         raise ValueError(f"expected a param sharded along dim 0 over one mesh dimension (FSDP2), got placements "
                          f"{tuple(tensor.placements)} on a {tensor.device_mesh.ndim}-D mesh")

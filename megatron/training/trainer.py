@@ -40,7 +40,6 @@ from megatron.training.arguments import optimizer_config_from_args
 from megatron.training.bad_step import BadStepGuard, BadStepStop, stop_on_bad_step
 from megatron.training.banner import print_startup_banner
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpointing.dist_saving import finalize_async_save
 from megatron.training.checkpointing.format_conversion import save_in_converted_format
 from megatron.training.checkpointing.loading import load_train_state
 from megatron.training.checkpointing.saving import save_checkpoint
@@ -276,7 +275,9 @@ class Trainer:
             with self.instrumentation.evaluation():
                 self.evaluator.evaluate_and_print(f"iteration {state.iteration}", self.data.valid, state)
             self.timers("interval-time", log_level=0).start(barrier=True)
-        if args.async_save:
+        if args.async_save:  # (--async-save writes torch_dist checkpoints: dist_saving.py is loaded)
+            from megatron.training.checkpointing.dist_saving import finalize_async_save
+
             finalize_async_save(blocking=False)  # a finished background save becomes "latest" now
         exit_code = self.exit_conditions.checkpoint_and_decide_exit(state.iteration, self.save, self.logger.flush)
         if exit_code is not None or state.iteration == self.schedule.train_iters:

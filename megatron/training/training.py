@@ -21,7 +21,6 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.training.batch_plan import BatchPlan
-from megatron.training.checkpointing.dist_saving import finalize_async_save
 from megatron.training.dry_run import dry_run
 from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 from megatron.training.initialize import initialize_megatron, parse_and_validate_args
@@ -87,8 +86,11 @@ def _shut_down() -> None:
     Freeing the last reference to a group instead joins its worker threads, so this drops ours: the model
     and optimizer (gone with _run's frame), parallel_state's groups, then a collection pass.
     tests/functional_tests/test_process_exit.py checks that no gloo worker thread is left."""
-    # A checkpoint still being written in the background (--async-save) becomes "latest" here.
-    finalize_async_save(blocking=True)
+    # A checkpoint still being written in the background (--async-save) becomes "latest" here; none is pending
+    # where the torch_dist writer was never loaded.
+    dist_saving = sys.modules.get("megatron.training.checkpointing.dist_saving")
+    if dist_saving is not None:
+        dist_saving.finalize_async_save(blocking=True)
     writer = get_tensorboard_writer()
     if writer is not None:
         writer.flush()

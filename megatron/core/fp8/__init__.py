@@ -15,10 +15,20 @@ directly must call it once per step itself (after backward, before the next forw
 scales and drops the step's quantized weights, so that the next forward quantizes the optimizer's new ones.
 """
 
-from megatron.core.fp8.linear import fp8_linear
 from megatron.core.fp8.params import is_fp8_param, store_weight_in_fp8
 from megatron.core.fp8.recipe import Fp8Recipe, fp8_config_problems, layer_runs_in_fp8
 from megatron.core.fp8.scaling import Fp8Scaling, update_fp8_scaling
+
+
+
+def __getattr__(name):
+    """`fp8_linear` on first use: linear.py loads torch._dynamo, which a run without FP8 does not need."""
+    if name == "fp8_linear":
+        from megatron.core.fp8.linear import fp8_linear
+
+        return fp8_linear
+    raise AttributeError(f"module 'megatron.core.fp8' has no attribute {name!r}")
+
 
 __all__ = ["Fp8Recipe", "Fp8Scaling", "fp8_config_problems", "fp8_linear", "is_fp8_param", "layer_runs_in_fp8",
            "store_weight_in_fp8", "update_fp8_scaling"]

@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.core import parallel_state
-from megatron.core.fp8.linear import fp8_linear
 from megatron.core.fp8.params import apply_keeping_fp8_weight
 from megatron.core.fp8.scaling import load_fp8_extra_state, save_fp8_extra_state
 from megatron.core.fusions.fused_weight_gradient import can_accumulate_in_main_grad, linear_with_grad_accumulation
@@ -145,6 +144,10 @@ def _local_gemm(layer: torch.nn.Module, input_: torch.Tensor, weight: torch.Tens
     """The layer's own GEMM: FP8, or with the weight gradient accumulated into `main_grad`, or F.linear."""
     fusion = layer.config.gradient_accumulation_fusion
     if layer.fp8 is not None:
+        # Imported here: fp8/linear.py loads torch._dynamo (its `torch.compiler.disable`), a second of start-up
+        # that a run without FP8 does not pay.
+        from megatron.core.fp8.linear import fp8_linear
+
         return fp8_linear(input_, weight, bias, layer.fp8, fusion)
     if fusion:
         return linear_with_grad_accumulation(input_, weight, bias)

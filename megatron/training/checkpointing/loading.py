@@ -14,12 +14,10 @@ import os
 
 import torch.distributed as dist
 
-from megatron.core.dist_checkpointing import is_distributed_checkpoint
 from megatron.core.num_microbatches_calculator import update_num_microbatches
 from megatron.training.batch_plan import BatchPlan
 from megatron.training.checkpointing.checkpoint_args import check_checkpoint_args
 from megatron.training.checkpointing.distrib_optim import load_distributed_optimizer_state
-from megatron.training.checkpointing.dist_loading import load_sharded_state
 from megatron.training.checkpointing.layout import checkpoint_exists, model_parallel_position, require_supported_format
 from megatron.training.checkpointing.reading import load_base_checkpoint
 from megatron.training.checkpointing.rng import set_rng_state
@@ -109,6 +107,10 @@ def load_train_state(model, optimizer, opt_param_scheduler, args, load_arg="load
             "release that converts it"
         )
     iteration = 0 if args.finetune or release else checkpoint_iteration(state_dict, checkpoint_name)
+    # Imported here: they load torch.distributed.checkpoint, which a run that loads nothing does not need.
+    from megatron.core.dist_checkpointing import is_distributed_checkpoint
+    from megatron.training.checkpointing.dist_loading import load_sharded_state
+
     sharded = is_distributed_checkpoint(checkpoint_name)
     if not args.finetune:
         if "args" in state_dict:

@@ -7,7 +7,6 @@ without a tracker means "no checkpoint": the run starts from scratch (or stops, 
 
 import os
 
-from megatron.training.checkpointing.dist_loading import detect_checkpoint_format, read_common_state
 from megatron.training.checkpointing.fallback import load_latest_intact, saved_iterations
 from megatron.training.checkpointing.files import load_checkpoint_file
 from megatron.training.checkpointing.layout import (
@@ -56,6 +55,9 @@ def load_base_checkpoint(load_dir, args, rank0=False):
     if not rank0:
         where = "release checkpoint" if release else f"checkpoint at iteration {iteration}"
         print_rank_0(f" loading {where} from {load_dir}")
+    # Imported here: dist_loading.py loads torch.distributed.checkpoint, which a run that loads nothing does not need.
+    from megatron.training.checkpointing.dist_loading import detect_checkpoint_format, read_common_state
+
     if detect_checkpoint_format(base_dir, args) == "torch_dist":
         return read_common_state(base_dir), base_dir, release
     checkpoint_name = get_checkpoint_name(load_dir, iteration, release)

@@ -17,7 +17,6 @@ from datetime import datetime
 
 import torch.distributed as dist
 
-from megatron.training.checkpointing.dist_saving import save_sharded_checkpoint
 from megatron.training.checkpointing.distrib_optim import finish_param_gathers, save_distributed_optimizer_state
 from megatron.training.checkpointing.files import save_atomically
 from megatron.training.checkpointing.latest import name_latest
@@ -84,7 +83,9 @@ def save_checkpoint(
     if args.use_distributed_optimizer:
         finish_param_gathers(model)
     rng_state = None if args.no_save_rng else get_rng_state(args.data_parallel_random_init)
-    if args.ckpt_format == "torch_dist":
+    if args.ckpt_format == "torch_dist":  # dist_saving.py loads torch.distributed.checkpoint: imported when used
+        from megatron.training.checkpointing.dist_saving import save_sharded_checkpoint
+
         save_sharded_checkpoint(args, iteration, model, optimizer, opt_param_scheduler, rng_state,
                                 num_floating_point_operations_so_far, args.save, release=release)
         return

@@ -14,12 +14,12 @@
 import torch
 
 from megatron.core.dist_checkpointing.model_sharding import with_linear_extra_states
-from megatron.core.distributed import DistributedDataParallel, TorchFullyShardedDataParallel
+from megatron.core.distributed.data_parallel_base import _BaseDataParallel
 from megatron.core.transformer.module import Float16Module
 from megatron.training.checkpointing.files import CHECKPOINT_VERSION
 
-_WRAPPERS = (DistributedDataParallel, TorchFullyShardedDataParallel, torch.nn.parallel.DistributedDataParallel,
-             Float16Module)
+# Our data-parallel wrappers (DDP, Megatron-FSDP's, FSDP2's) share _BaseDataParallel.
+_WRAPPERS = (_BaseDataParallel, torch.nn.parallel.DistributedDataParallel, Float16Module)
 
 
 def unwrap_model(model):

@@ -26,7 +26,6 @@ import torch
 
 from ..distributed_data_parallel import DistributedDataParallel
 from ..distributed_data_parallel_config import DistributedDataParallelConfig
-from ..torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
 from ..torch_fully_sharded_data_parallel_config import TorchFullyShardedDataParallelConfig
 from .sharded_grads import ShardedGradDataParallel
 from .sharded_params import ShardedParamDataParallel
@@ -126,6 +125,8 @@ def wrap_data_parallel(config, ddp_config: DistributedDataParallelConfig, module
     TorchFullyShardedDataParallelConfig (--use-torch-fsdp2), the strategy's wrapper with `use_megatron_fsdp`,
     else DistributedDataParallel; the params are the same on every data-parallel rank afterwards."""
     if isinstance(ddp_config, TorchFullyShardedDataParallelConfig):
+        from ..torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel  # loads FSDP2: only here
+
         return TorchFullyShardedDataParallel(config, ddp_config, module)
     if ddp_config.use_megatron_fsdp:
         return FullyShardedDataParallel(config, ddp_config, module, disable_bucketing=disable_bucketing)
