@@ -32,7 +32,8 @@ reference and the ring row only), ep
 8B at TP=2 + SP with bf16 Adam moments to fit 2 x 80 GB, eager, graphed and graphed with the overlap, against TP=1
 of the same layer shapes with 4 layers: TFLOP/s/GPU, since the layer counts differ), nccl (the DP=2 row with the
 data-parallel groups' NCCL kernels capped at 8 CTAs, `--nccl-communicator-config-path`, and on high-priority
-streams, `--high-priority-stream-groups dp dp_cp`).
+streams, `--high-priority-stream-groups dp dp_cp`), dp-bf16 (the DP=2 row with `--grad-reduce-in-bf16`: the
+gradients reduce-scattered in bf16, half the bytes of the exposed last bucket).
 
 The two-GPU rows also profile two iterations (`--profile --use-pytorch-profiler`): the per-rank kernel summary
 of the console, and from rank 0's trace the communication kernel time per step (NCCL kernels, peer-to-peer
@@ -293,6 +294,11 @@ def extra_rows(bench: Bench, extras: list[str], one: dict) -> None:
                               count=20), one)
         bench.ratio(bench.run("DP=2, high-priority dp/dp_cp streams", 2,
                               dp + ["--high-priority-stream-groups", "dp", "dp_cp"], count=20), one)
+    if "dp-bf16" in extras:  # half the reduce-scatter's bytes: the gradients reduced (and accumulated) in bf16
+        one = one or bench.run("one GPU, global batch 4", 1, GPT_1_3B + ["--global-batch-size", "4"], count=20)
+        bench.ratio(bench.run("DP=2, dist-opt, both overlaps, --grad-reduce-in-bf16", 2,
+                              GPT_1_3B + DP2 + ["--global-batch-size", "8", "--grad-reduce-in-bf16"], count=20,
+                              profile=True), one)
     if "8b" in extras:
         # Adam's moments in bf16 (the precision-aware optimizer) fit the 8B at TP=2 on 2 x 80 GB without
         # recomputation (--dry-run: 68.7 GiB per GPU; 83.7 with fp32 moments), which also lets the graph take it.
@@ -325,7 +331,8 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="tp,dp,pp", help="comma-separated subset of tp,dp,pp (the main rows)")
-    parser.add_argument("--extra", default="", help="comma-separated subset of mbs8,graph,cp,cp-ring,ep,8b,nccl")
+    parser.add_argument("--extra", default="",
+                        help="comma-separated subset of mbs8,graph,cp,cp-ring,ep,8b,nccl,dp-bf16")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (gloo): checks the script")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one run may take")
     parser.add_argument("--trace-dir", default=os.path.join(tempfile.gettempdir(), "parallel_efficiency_traces"),
