@@ -20,7 +20,6 @@ from megatron.core.fp8.recipe import Fp8Recipe, fp8_config_problems, layer_runs_
 from megatron.core.fp8.scaling import Fp8Scaling, update_fp8_scaling
 
 
-
 def __getattr__(name):
     """`fp8_linear` on first use: linear.py loads torch._dynamo, which a run without FP8 does not need."""
     if name == "fp8_linear":
