@@ -5,6 +5,7 @@ one-process group on a free local port). The backend is NCCL on GPUs and gloo on
 whatever `--distributed-backend` says, with a note when the request is overridden.
 """
 
+import importlib
 import logging
 import os
 import random
@@ -93,6 +94,11 @@ def _initialize_distributed(args, get_embedding_ranks, get_position_embedding_ra
     if torch.cuda.is_available():
         torch.cuda.set_device(args.local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
+        # torch.distributed.nn's functions take `group=group.WORLD` as a default, evaluated when it is imported:
+        # imported after init_process_group (torch.optim loads it through torch._dynamo) they would keep the world
+        # group alive past destroy_process_group, its gloo worker threads with it (training.py's _shut_down).
+        importlib.import_module("torch.distributed.nn")
+
         timeout = timedelta(minutes=args.distributed_timeout_minutes)
         if "RANK" in os.environ:
             dist.init_process_group(backend, timeout=timeout)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 from megatron.core.transformer.transformer_config import TransformerConfig
 from tests.unit_tests.distributed.conftest import single_rank_groups  # noqa: F401  (one gloo rank)
@@ -16,7 +17,10 @@ RATE, TOKENS, TOPK = 0.01, 2 * 8, 2
 
 
 def _step(**recompute):
+    # Both calls must build the same model and route the same tokens: the model-parallel RNG streams (which an
+    # earlier test in this process may have seeded and advanced) are seeded too, not only torch's default one.
     torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(0)
     config = TransformerConfig(
         num_layers=2, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=TOPK,
         add_bias_linear=False, gated_linear_unit=True, activation_func=F.silu, moe_router_score_function="sigmoid",
