@@ -11,6 +11,7 @@ from datetime import datetime
 
 import torch
 
+from megatron.core.datasets.rank_logging import global_rank
 from megatron.core.transformer.config_rules import linear_attention_pattern
 from megatron.core.transformer.moe.moe_config_checks import moe_layer_pattern
 from megatron.core.transformer.moe.moe_utils import aux_losses_for_logging, moe_aux_loss_names
@@ -354,9 +355,8 @@ class TrainingLogger:
         mb = 1024 * 1024
         if self.data_parallel_rank != 0:
             return
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0  # a user's own loop
         print(
-            f"[Rank {rank}] (after {iteration} iterations) memory (MB) | "
+            f"[Rank {global_rank()}] (after {iteration} iterations) memory (MB) | "
             f"allocated: {torch.cuda.memory_allocated() / mb:.1f} | "
             f"max allocated: {torch.cuda.max_memory_allocated() / mb:.1f} | "
             f"reserved: {torch.cuda.memory_reserved() / mb:.1f} | max reserved: {torch.cuda.max_memory_reserved() / mb:.1f}",
