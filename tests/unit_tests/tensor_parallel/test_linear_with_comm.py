@@ -7,9 +7,10 @@ plain `F.linear` chain over the whole sequence (outputs, input grads, weight and
 
     plain              all-gather / reduce-scatter next to the GEMMs, backward collectives overlapped
     chunked            --tp-comm-overlap on CPU: async all-gather + own rows first; p2p partial sums
-    symmetric_memory   --tp-comm-overlap's CUDA path, its fused ops replaced by PyTorch's reference
-                       implementations of the same ops (the glue: shapes, transposes, return_A), since the
-                       kernels need GPUs (tools/bench/tp_overlap_check.py runs them)
+    symmetric_memory   --tp-comm-overlap's CUDA path, PyTorch's symmetric-memory ops replaced by reference
+                       implementations of the same ops (the glue: shapes, transposes, return_A, which rank's
+                       partial products are summed), since the kernels need GPUs
+                       (tools/bench/tp_overlap_check.py runs them)
 
 Tolerances, relative to each tensor's largest entry (or absolute below 1): 1e-5 against the reference
 (measured <= 1.5e-7); 1e-6 between overlapped and plain (measured: 0 at TP=2, where the sums are the same;
@@ -79,11 +80,20 @@ def _sharded_run(tp: int, rank: int, overlap: bool):
 
 
 def _with_reference_fused_ops(group):
-    """Makes --tp-comm-overlap take its symmetric-memory path on `group`, through PyTorch's reference
-    implementations of the fused ops (all-gather / reduce-scatter collectives + GEMM)."""
+    """Makes --tp-comm-overlap take its symmetric-memory path on `group`, through reference implementations of
+    PyTorch's symmetric-memory ops: its all-gather + GEMM fallback, and the exchange of the matmul + reduce-scatter
+    pipeline as every block produced, then an all-to-all."""
+
+    def produce_and_exchange(chunk_producer, output, group_name):
+        assert group_name == group.group_name
+        produced = torch.empty_like(output)
+        for peer, block in enumerate(produced.chunk(dist.get_world_size(group))):
+            chunk_producer(peer, block)
+        dist.all_to_all_single(output, produced, group=group)
+
     comm_overlap._IMPLEMENTATIONS[group] = comm_overlap.SYMMETRIC_MEMORY
-    comm_overlap.fused_ops = lambda: (
-        _symmetric_memory._fused_all_gather_matmul_fallback, _symmetric_memory._fused_matmul_reduce_scatter_fallback
+    comm_overlap.symmetric_memory_ops = lambda: (
+        _symmetric_memory._fused_all_gather_matmul_fallback, produce_and_exchange
     )
 
 

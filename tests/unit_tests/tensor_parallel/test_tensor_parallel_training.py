@@ -78,12 +78,12 @@ _QK, _V, _NV = 4 * 8, 8 * 8, 8
 _BLOCKS_SPLIT = {"in_proj.weight": (_QK, _QK, _V, _V, _NV, _NV), "conv1d.weight": (_QK, _QK, _V)}
 
 
-def _build(name: str, tensor_parallel_size: int, sequence_parallel: bool = False) -> GPTModel:
+def _build(name: str, tensor_parallel_size: int, sequence_parallel: bool = False, overlap: bool = False) -> GPTModel:
     torch.manual_seed(11)
     model = {**MODELS, **SPEC_MODELS}[name]
     config = TransformerConfig(
         **model["config"], tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=sequence_parallel,
-        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        tp_comm_overlap=overlap, use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
     )
     spec = model["spec"](config) if "spec" in model else get_gpt_layer_local_spec()
     return GPTModel(config, spec, VOCAB, SEQ, **model["model"])
@@ -147,13 +147,13 @@ def _forward_step(data_iterator, model):
     return losses, loss_func
 
 
-def _tensor_parallel_run(name, tensor_parallel_size, sequence_parallel, reference) -> dict:
+def _tensor_parallel_run(name, tensor_parallel_size, sequence_parallel, overlap, reference) -> dict:
     """Worst errors against `reference` over the steps, for one layout of the 4 ranks."""
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel_size)
     model_parallel_cuda_manual_seed(123)
     group, tp = parallel_state.get_tensor_model_parallel_group(), tensor_parallel_size
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-    module = _build(name, tp, sequence_parallel)
+    module = _build(name, tp, sequence_parallel, overlap)
     glu = module.config.gated_linear_unit
     worst = {"initial weights": max(
         (_unsharded(key, value, group, tp, glu) - reference[0]["weights"][key]).abs().max().item()
@@ -201,8 +201,9 @@ def _tensor_parallel_run(name, tensor_parallel_size, sequence_parallel, referenc
     return worst
 
 
-LAYOUTS = [("gpt2", 2, True), ("gpt2", 4, False), ("llama", 2, False), ("llama", 4, False), ("llama", 4, True),
-           ("qwen3-next", 2, True)]
+# (model, TP, sequence parallelism, --tp-comm-overlap: its chunked implementation on CPU)
+LAYOUTS = [("gpt2", 2, True, False), ("gpt2", 2, True, True), ("gpt2", 4, False, False), ("llama", 2, False, False),
+           ("llama", 4, False, False), ("llama", 4, True, False), ("qwen3-next", 2, True, False)]
 
 
 def _sequence_parallel_dropout(sequence_parallel: bool) -> list[torch.Tensor]:
@@ -262,9 +263,9 @@ def results():
 
 
 def test_tensor_parallel_training_matches_tp1_over_several_steps(results):
-    """TP=2 (x DP=2) and TP=4, with and without SP, GQA with 2 groups at TP=4, Gated DeltaNet and the gates of
-    Qwen3-Next: same losses, un-sharded grads, grad norms and final weights as TP=1; identical initial weights
-    with use_cpu_initialization."""
+    """TP=2 (x DP=2) and TP=4, with and without SP (TP=2 + SP also with --tp-comm-overlap), GQA with 2 groups at
+    TP=4, Gated DeltaNet and the gates of Qwen3-Next: same losses, un-sharded grads (every bias's too), grad norms
+    and final weights as TP=1; identical initial weights with use_cpu_initialization."""
     for per_rank in results:
         for layout, worst in per_rank["layouts"].items():
             worst = dict(worst)
