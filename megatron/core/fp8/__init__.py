@@ -5,8 +5,7 @@
     triton_quantize.py   the delayed-scaling cast as one Triton kernel (q, q^T, amax, 1 / scale), used on GPUs
     scaling.py           per-GEMM scaling state (amax history, scales, the step's quantized weight), its
                          step-end update, its checkpoint entry
-    linear.py            the FP8 linear autograd function, and a GLU MLP's two FP8 GEMMs with the SwiGLU in
-                         the quantization kernels
+    linear.py            the FP8 linear autograd function
     params.py            weights stored in FP8 (fp8_param, --fp8-param-gather): the casts from the optimizer's
                          main params, the value in high precision for checkpoints
 

@@ -21,11 +21,6 @@ written straight into `main_grad` by the GEMM; later microbatches add theirs. A 
 (params.py) takes this path always, into a `main_grad` of fp32 or bf16 (`--grad-reduce-in-bf16`): autograd
 would cast its dW to FP8.
 
-`fp8_glu_mlp` runs a GLU MLP's two layers (fc1 -> SwiGLU -> fc2, no biases) as one autograd function whose
-quantization kernels compute the SwiGLU and its gradient themselves (`_Fp8GluMlp`), as Transformer Engine's
-LayerNormMLP does: the same GEMMs, operands and scales, 4 bytes less traffic per element of the activation
-and of the fc1 output's gradient (on the 3.6B benchmark model ~0.8 GB a layer and step).
-
 On CUDA the GEMMs need compute capability 8.9 (Ada, Hopper) or newer; on CPU `torch._scaled_mm` computes
 the same products exactly (slowly), which is what the CPU tests run.
 """
@@ -110,93 +105,21 @@ def _weight_gradient(ctx, dy, q_dy, wgrad_operand, x_scale_inv, weight):
     """dW [N, K]: returned, or (ctx.accumulate) put into `weight.main_grad` with a dummy returned."""
     if not ctx.needs_input_grad[1]:
         return None
-    if ctx.fp8_wgrad:  # wgrad_operand is q_X^T
-        return _fp8_weight_gradient(weight, ctx.accumulate, q_dy, wgrad_operand, x_scale_inv)
-    # wgrad_operand is X [M, K]
-    if not ctx.accumulate:
-        return dy.t().matmul(wgrad_operand)
-    add_weight_gradient(weight, dy, wgrad_operand)
-    return torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
-
-
-def _fp8_weight_gradient(weight, accumulate: bool, q_dy, x_transposed, x_scale_inv):
-    """dW = dY^T X as an FP8 GEMM of q_dY^T [N, M'] and q_X^T [K, M']: returned, or (`accumulate`) put into
-    `weight.main_grad` with a dummy returned."""
-    a, b = q_dy.transposed, x_transposed.t()  # [N, M'] row-major, [M', K] column-major
-    if not accumulate:
-        return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
-    main_grad = weight.main_grad
-    if takes_main_grad(weight) or not weight.grad_added_to_main_grad:
-        _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype, out=main_grad)
+    if not ctx.fp8_wgrad:  # wgrad_operand is X [M, K]
+        if not ctx.accumulate:
+            return dy.t().matmul(wgrad_operand)
+        add_weight_gradient(weight, dy, wgrad_operand)
     else:
-        main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype))
-    weight.grad_added_to_main_grad = True
+        a, b = q_dy.transposed, wgrad_operand.t()  # [N, M'] row-major, [M', K] column-major
+        if not ctx.accumulate:
+            return _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, weight.dtype)
+        main_grad = weight.main_grad
+        if takes_main_grad(weight) or not weight.grad_added_to_main_grad:
+            _scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype, out=main_grad)
+        else:
+            main_grad.add_(_scaled_mm(a, b, q_dy.scale_inv, x_scale_inv, main_grad.dtype))
+        weight.grad_added_to_main_grad = True
     return torch.empty_like(weight)  # never read: DDP's hook sees grad_added_to_main_grad
-
-
-class _Fp8GluMlp(torch.autograd.Function):
-    """fc2(silu(gate) * up), [gate, up] = fc1(X), no biases (`fp8_glu_mlp`).
-
-        forward   I = (q_X s_X) (q_W1 s_W1)^T             [M, 2f] bf16, saved
-                  q_Y, q_Y^T = quantize(silu(gate) * up)   one kernel from I (fc2's INPUT scale)
-                  Z = (q_Y s_Y) (q_W2 s_W2)^T              [M, N]
-        backward  dY = (q_dZ s_dZ) (q_W2 s_W2)             [M, f] bf16;  dW2 from q_dZ^T, q_Y^T
-                  q_dI, q_dI^T = quantize(dI(dY, I))       one kernel (fc1's GRAD_OUTPUT scale)
-                  dX = (q_dI s_dI) (q_W1 s_W1);  dW1 from q_dI^T, q_X^T
-    """
-
-    @staticmethod
-    def forward(ctx, input, weight1, weight2, scaling1: Fp8Scaling, scaling2: Fp8Scaling, accumulate1: bool,
-                accumulate2: bool, input_gradient: bool):
-        x = input.reshape(-1, weight1.shape[1]).contiguous()  # [M, K]
-        record = scaling1.training
-        q_x = scaling1.quantize(x, INPUT, record, transpose=True)
-        q_w1 = scaling1.quantize_weight(weight1, record, transpose=input_gradient)
-        intermediate = _scaled_mm(q_x.data, q_w1.data.t(), q_x.scale_inv, q_w1.scale_inv, input.dtype, True)
-        q_y = scaling2.quantize_swiglu(intermediate, record)
-        q_w2 = scaling2.quantize_weight(weight2, record, transpose=True)
-        output = _scaled_mm(q_y.data, q_w2.data.t(), q_y.scale_inv, q_w2.scale_inv, input.dtype, True)
-        ctx.save_for_backward(q_x.transposed, intermediate, q_y.transposed)
-        # Not saved, as in _Fp8Linear: the parameters, this step's q_W^T and the inverse scales.
-        ctx.weights, ctx.scalings, ctx.record = (weight1, weight2), (scaling1, scaling2), record
-        ctx.weights_transposed = (q_w1.transposed, q_w2.transposed)
-        ctx.scale_invs = (q_x.scale_inv, q_w1.scale_inv, q_y.scale_inv, q_w2.scale_inv)
-        ctx.accumulate, ctx.input_shape = (accumulate1, accumulate2), input.shape
-        return output.view(*input.shape[:-1], weight2.shape[0])
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_transposed, intermediate, y_transposed = ctx.saved_tensors
-        (weight1, weight2), (scaling1, scaling2) = ctx.weights, ctx.scalings
-        x_scale_inv, w1_scale_inv, y_scale_inv, w2_scale_inv = ctx.scale_invs
-        dz = grad_output.reshape(-1, weight2.shape[0]).contiguous()  # [M, N]
-        q_dz = scaling2.quantize(dz, GRAD_OUTPUT, ctx.record, transpose=True)
-        dy = _scaled_mm(q_dz.data, ctx.weights_transposed[1].t(), q_dz.scale_inv, w2_scale_inv, grad_output.dtype)
-        grad_weight2 = None
-        if ctx.needs_input_grad[2]:
-            grad_weight2 = _fp8_weight_gradient(weight2, ctx.accumulate[1], q_dz, y_transposed, y_scale_inv)
-        q_di = scaling1.quantize_swiglu_gradient(dy, intermediate, ctx.record)
-        grad_input = None
-        if ctx.needs_input_grad[0]:
-            grad_input = _scaled_mm(q_di.data, ctx.weights_transposed[0].t(), q_di.scale_inv, w1_scale_inv,
-                                    grad_output.dtype).view(ctx.input_shape)
-        grad_weight1 = None
-        if ctx.needs_input_grad[1]:
-            grad_weight1 = _fp8_weight_gradient(weight1, ctx.accumulate[0], q_di, x_transposed, x_scale_inv)
-        return grad_input, grad_weight1, grad_weight2, None, None, None, None, None
-
-
-def _accumulates(weight: torch.Tensor, weight_gradient: bool, gradient_accumulation_fusion: bool) -> bool:
-    """Whether the weight's gradient goes into its main_grad; a weight stored in FP8 always (autograd would
-    cast its gradient to FP8), so it must have one."""
-    if is_fp8_param(weight):
-        if weight_gradient and getattr(weight, "main_grad", None) is None:
-            raise ValueError(
-                "a weight stored in FP8 (TransformerConfig.fp8_param, --fp8-param-gather) gets its gradient in the "
-                "main_grad buffer of DistributedDataParallel: wrap the model in it to train"
-            )
-        return True
-    return gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
 
 
 @torch.compiler.disable  # a compiled transformer layer runs this GEMM eagerly (its quantizations compile alone)
@@ -209,30 +132,13 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     # Inside the autograd function the grad mode is off and needs_input_grad ignores it: decided here.
     input_gradient = torch.is_grad_enabled() and input.requires_grad
     weight_gradient = torch.is_grad_enabled() and weight.requires_grad
-    accumulate = _accumulates(weight, weight_gradient, gradient_accumulation_fusion)
+    if is_fp8_param(weight):
+        if weight_gradient and getattr(weight, "main_grad", None) is None:
+            raise ValueError(
+                "a weight stored in FP8 (TransformerConfig.fp8_param, --fp8-param-gather) gets its gradient in the "
+                "main_grad buffer of DistributedDataParallel: wrap the model in it to train"
+            )
+        accumulate = True
+    else:
+        accumulate = gradient_accumulation_fusion and can_accumulate_in_main_grad(weight)
     return _Fp8Linear.apply(input, weight, bias, scaling, accumulate, input_gradient, weight_gradient)
-
-
-@torch.compiler.disable  # read on the host in a compiled layer too (the device's FP8 capability is cached)
-def fuses_glu_mlp(input: torch.Tensor, scaling1: Fp8Scaling, scaling2: Fp8Scaling) -> bool:
-    """Whether `fp8_glu_mlp` serves these GEMMs: bf16 activations, delayed scaling in the Triton kernels and
-    FP8 weight gradients."""
-    return (input.dtype == torch.bfloat16 and scaling1.recipe.wgrad and scaling1.quantizes_swiglu(input)
-            and scaling2.quantizes_swiglu(input))
-
-
-@torch.compiler.disable
-def fp8_glu_mlp(input: torch.Tensor, weight1: torch.Tensor, weight2: torch.Tensor, scaling1: Fp8Scaling,
-                scaling2: Fp8Scaling, gradient_accumulation_fusion: bool = False) -> torch.Tensor:
-    """`fp8_linear(silu(gate) * up, weight2)` of [gate, up] = `fp8_linear(input, weight1)` (halves of the last
-    dimension, no biases; `fuses_glu_mlp` must hold): input [..., K] -> [..., N]. The SwiGLU and its gradient
-    are computed by the kernels that quantize them (triton_quantize.py), so neither the bf16 activation nor
-    the bf16 gradient of the fc1 output is written and read again (Transformer Engine's LayerNormMLP fuses
-    the same casts): the same operands, scales and amaxes as the two layers and the compiled SwiGLU between
-    them, up to a last-place fp32 difference of the sigmoid."""
-    _check_device(input.device)
-    grad_enabled = torch.is_grad_enabled()
-    input_gradient = grad_enabled and input.requires_grad
-    accumulate1 = _accumulates(weight1, grad_enabled and weight1.requires_grad, gradient_accumulation_fusion)
-    accumulate2 = _accumulates(weight2, grad_enabled and weight2.requires_grad, gradient_accumulation_fusion)
-    return _Fp8GluMlp.apply(input, weight1, weight2, scaling1, scaling2, accumulate1, accumulate2, input_gradient)

@@ -71,12 +71,7 @@ from megatron.core.fp8.quantize import (
     scale_from_amax,
 )
 from megatron.core.fp8.recipe import GEMM_ALIGNMENT, Fp8Recipe
-from megatron.core.fp8.triton_quantize import (
-    quantize_fused,
-    quantize_swiglu,
-    quantize_swiglu_gradient,
-    runs_in_triton,
-)
+from megatron.core.fp8.triton_quantize import quantize_fused, runs_in_triton
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 EXTRA_STATE_KEY = "_extra_state"
@@ -142,29 +137,6 @@ class Fp8Scaling(torch.nn.Module):
         if record:
             running = self._amaxes[operand]
             torch.maximum(running, amax, out=running)
-        return Fp8Tensor(data, scale, scale_inv, transposed)
-
-    def quantizes_swiglu(self, x: torch.Tensor) -> bool:
-        """Whether `quantize_swiglu` / `quantize_swiglu_gradient` serve bf16 tensors on x's device: the delayed
-        recipe (its scale known before the tensor is) in triton_quantize.py's kernel."""
-        return self.recipe.delayed and runs_in_triton(x)
-
-    def quantize_swiglu(self, intermediate: torch.Tensor, record: bool) -> Fp8Tensor:
-        """The INPUT operand y = silu(gate) * up of an fc1 output `intermediate` [rows, 2f] (bf16) with its padded
-        transpose, y itself never written (triton_quantize.py); needs `quantizes_swiglu`."""
-        scale, scale_inv = self._scales[INPUT], self._scale_invs[INPUT]
-        data, transposed = quantize_swiglu(intermediate, scale, scale_inv, self.dtypes[INPUT],
-                                           transpose_padding=GEMM_ALIGNMENT,
-                                           amax=self._amaxes[INPUT] if record else None)
-        return Fp8Tensor(data, scale, scale_inv, transposed)
-
-    def quantize_swiglu_gradient(self, grad: torch.Tensor, intermediate: torch.Tensor, record: bool) -> Fp8Tensor:
-        """The GRAD_OUTPUT operand: the gradient of `intermediate` [rows, 2f] through the SwiGLU, from `grad`
-        [rows, f], the gradient of y, with its padded transpose (triton_quantize.py); needs `quantizes_swiglu`."""
-        scale, scale_inv = self._scales[GRAD_OUTPUT], self._scale_invs[GRAD_OUTPUT]
-        data, transposed = quantize_swiglu_gradient(grad, intermediate, scale, scale_inv, self.dtypes[GRAD_OUTPUT],
-                                                    transpose_padding=GEMM_ALIGNMENT,
-                                                    amax=self._amaxes[GRAD_OUTPUT] if record else None)
         return Fp8Tensor(data, scale, scale_inv, transposed)
 
     def quantize_weight(self, weight: torch.Tensor, record: bool, transpose: bool) -> Fp8Tensor:

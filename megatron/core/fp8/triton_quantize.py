@@ -13,13 +13,6 @@ with the semantics of quantize.py's `saturating_cast` (fp32 product, clamp to +-
 round to nearest even), so q, q^T and the amax equal the Inductor/eager functions there bit for bit. Nothing
 is read back to the host.
 
-What x is (`PROLOGUE`): 0 the tensor as loaded; 1 the SwiGLU activation y = silu(gate) * up of an fc1 output
-[gate, up] (`quantize_swiglu`), 2 the gradient of that fc1 output from y's gradient (`quantize_swiglu_gradient`),
-computed in fp32 from the loaded bf16 operands and rounded once to bf16, as the compiled bias-SwiGLU
-(fusions/fused_bias_swiglu.py) and its backward compute them, so the bf16 tensor a separate quantization would
-read is never written: the FP8 MLP's (linear.py: `fp8_glu_mlp`) fc2 input and fc1 output gradient. Their
-bits may differ from Inductor's in the last place of an fp32 sigmoid, which moves a bf16 rounding rarely.
-
 Tiles: each program loads one [BLOCK_ROWS, BLOCK_COLUMNS] tile of x (coalesced along the columns), stores
 its q tile along the columns and the transposed tile along the rows of q^T (Triton stages the transpose in
 shared memory), so both stores are contiguous runs that Triton writes as 16-byte vectors when the sizes are
@@ -77,55 +70,22 @@ if TRITON_AVAILABLE:
         return (tl.where(nan, 0x7F, rounded) | sign).to(tl.uint8)
 
     @triton.jit
-    def _load_fp32(pointer, mask, EXACT_CAST: tl.constexpr):
-        x = tl.load(pointer, mask=mask, other=0.0)
-        if EXACT_CAST and pointer.dtype.element_ty == tl.bfloat16:  # the interpreter mis-converts subnormals
-            return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        return x.to(tl.float32)
-
-    @triton.jit
-    def _round_to_bf16(v):
-        """v rounded to the nearest bf16 (ties to even, NaN kept), as fp32; in integer arithmetic, which
-        the interpreter (it truncates) and the GPU compute alike."""
-        bits = v.to(tl.int32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        return tl.where((bits & 0x7FFFFFFF) > 0x7F800000, v, rounded.to(tl.float32, bitcast=True))
-
-    @triton.jit
-    def _load_tile(x_ptr, g_ptr, row, column, rows, columns, EXACT_CAST: tl.constexpr, PROLOGUE: tl.constexpr):
-        """The fp32 tile of what is quantized (module docstring, `PROLOGUE`); zeros outside [rows, columns]."""
-        in_x = (row[:, None] < rows) & (column[None, :] < columns)
-        if PROLOGUE == 0:
-            return _load_fp32(x_ptr + row[:, None] * columns + column[None, :], in_x, EXACT_CAST)
-        if PROLOGUE == 1:  # x_ptr: [rows, 2 * columns], gate then up
-            at = x_ptr + row[:, None] * (2 * columns) + column[None, :]
-            gate, up = _load_fp32(at, in_x, EXACT_CAST), _load_fp32(at + columns, in_x, EXACT_CAST)
-            return _round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)
-        # PROLOGUE == 2: x_ptr [rows, columns] gate then up, g_ptr [rows, columns / 2] the gradient of y
-        half = columns // 2
-        upper = column >= half
-        feature = tl.where(upper, column - half, column)
-        at = x_ptr + row[:, None] * columns + feature[None, :]
-        gate, up = _load_fp32(at, in_x, EXACT_CAST), _load_fp32(at + half, in_x, EXACT_CAST)
-        grad = _load_fp32(g_ptr + row[:, None] * half + feature[None, :], in_x, EXACT_CAST)
-        sigmoid = 1.0 / (1.0 + tl.exp(-gate))
-        grad_gate = grad * up * sigmoid * (1.0 + gate * (1.0 - sigmoid))
-        return _round_to_bf16(tl.where(upper[None, :], grad * gate * sigmoid, grad_gate))
-
-    @triton.jit
     def _quantize_kernel(
-        x_ptr, g_ptr, q_ptr, qt_ptr, scale_ptr, scale_inv_ptr, amax_ptr, rows, columns, qt_rows,
+        x_ptr, q_ptr, qt_ptr, scale_ptr, scale_inv_ptr, amax_ptr, rows, columns, qt_rows,
         FP8: tl.constexpr, FP8_MAX: tl.constexpr, MANTISSA: tl.constexpr, BIAS: tl.constexpr,
         MAX_BITS: tl.constexpr, EXACT_CAST: tl.constexpr, WRITE_Q: tl.constexpr, TRANSPOSE: tl.constexpr,
-        RECORD: tl.constexpr, WIDE_INDEX: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLUMNS: tl.constexpr,
+        RECORD: tl.constexpr, WIDE_INDEX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLUMNS: tl.constexpr,
     ):
         column_block, row_block = tl.program_id(0), tl.program_id(1)
         row = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         column = column_block * BLOCK_COLUMNS + tl.arange(0, BLOCK_COLUMNS)
         if WIDE_INDEX:
             row, column = row.to(tl.int64), column.to(tl.int64)
-        x = _load_tile(x_ptr, g_ptr, row, column, rows, columns, EXACT_CAST, PROLOGUE)
+        in_x = (row[:, None] < rows) & (column[None, :] < columns)
+        x = tl.load(x_ptr + row[:, None] * columns + column[None, :], mask=in_x, other=0.0)
+        if EXACT_CAST and x_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter mis-converts bf16 subnormals
+            x = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        x = x.to(tl.float32)
         scale = tl.load(scale_ptr)
         product = x * scale
         if EXACT_CAST:
@@ -133,7 +93,6 @@ if TRITON_AVAILABLE:
         else:
             q = tl.clamp(product, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL).to(FP8)
         if WRITE_Q:
-            in_x = (row[:, None] < rows) & (column[None, :] < columns)
             tl.store(q_ptr + row[:, None] * columns + column[None, :], q, mask=in_x)
         if TRANSPOSE:
             in_qt = (column[:, None] < columns) & (row[None, :] < qt_rows)
@@ -181,33 +140,7 @@ def quantize_fused(x: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor
     weight's dX operand), None for none; amax: a 0-dim non-negative fp32 running amax to fold max|x| into,
     None for none; config: (BLOCK_ROWS, BLOCK_COLUMNS, warps)."""
     x = x.contiguous()
-    return _launch(0, x, None, x.shape, scale, scale_inv, dtype, data, transpose_padding, amax, config)
-
-
-def quantize_swiglu(intermediate: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype, *,
-                    transpose_padding: int | None = None, amax: torch.Tensor | None = None,
-                    config: tuple = DEFAULT_CONFIG):
-    """`quantize_fused` of y = silu(gate) * up rounded to bf16, [gate, up] = `intermediate` [rows, 2f] (bf16,
-    halves of the last dimension), without writing y: (q [rows, f], q^T or None)."""
-    intermediate = intermediate.contiguous()
-    rows, columns = intermediate.shape[0], intermediate.shape[1] // 2
-    return _launch(1, intermediate, None, (rows, columns), scale, scale_inv, dtype, True, transpose_padding, amax,
-                   config)
-
-
-def quantize_swiglu_gradient(grad: torch.Tensor, intermediate: torch.Tensor, scale: torch.Tensor,
-                             scale_inv: torch.Tensor, dtype: torch.dtype, *, transpose_padding: int | None = None,
-                             amax: torch.Tensor | None = None, config: tuple = DEFAULT_CONFIG):
-    """`quantize_fused` of the gradient of `intermediate` [rows, 2f] (bf16) through y = silu(gate) * up, given
-    `grad` [rows, f] the gradient of y, rounded to bf16, without writing it: (q [rows, 2f], q^T or None).
-        d gate = grad * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))),   d up = grad * silu(gate)"""
-    grad, intermediate = grad.contiguous(), intermediate.contiguous()
-    return _launch(2, intermediate, grad, intermediate.shape, scale, scale_inv, dtype, True, transpose_padding,
-                   amax, config)
-
-
-def _launch(prologue, x, grad, shape, scale, scale_inv, dtype, data, transpose_padding, amax, config):
-    rows, columns = shape
+    rows, columns = x.shape
     q = torch.empty((rows, columns), dtype=dtype, device=x.device) if data else None
     qt, qt_rows = None, rows
     if transpose_padding is not None:
@@ -217,11 +150,10 @@ def _launch(prologue, x, grad, shape, scale, scale_inv, dtype, data, transpose_p
     block_rows, block_columns, warps = config
     grid = (triton.cdiv(columns, block_columns), triton.cdiv(qt_rows, block_rows))
     _quantize_kernel[grid](
-        x, grad if grad is not None else x, q if data else qt, qt if qt is not None else q, scale, scale_inv,
-        amax if amax is not None else scale, rows, columns, qt_rows, FP8=triton_dtype, FP8_MAX=fp8_max,
-        MANTISSA=mantissa, BIAS=bias, MAX_BITS=max_bits, EXACT_CAST=INTERPRETING, WRITE_Q=data,
-        TRANSPOSE=qt is not None, RECORD=amax is not None,
-        WIDE_INDEX=max(rows, qt_rows) * (2 if prologue == 1 else 1) * columns >= _INT32_LIMIT, PROLOGUE=prologue,
+        x, q if data else qt, qt if qt is not None else q, scale, scale_inv, amax if amax is not None else scale,
+        rows, columns, qt_rows, FP8=triton_dtype, FP8_MAX=fp8_max, MANTISSA=mantissa, BIAS=bias,
+        MAX_BITS=max_bits, EXACT_CAST=INTERPRETING, WRITE_Q=data, TRANSPOSE=qt is not None,
+        RECORD=amax is not None, WIDE_INDEX=max(rows, qt_rows) * columns >= _INT32_LIMIT,
         BLOCK_ROWS=block_rows, BLOCK_COLUMNS=block_columns, num_warps=warps,
     )
     return q, qt

@@ -266,7 +266,10 @@ class ColumnParallelLinear(torch.nn.Module):
                 accumulate=own_weight and _accumulates(self, weight),
             )
         else:
-            input_parallel = self.parallel_input(input_)
+            if self.sequence_parallel:
+                input_parallel = gather_from_sequence_parallel_region(input_, group=self.tp_group)
+            else:
+                input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
             if own_weight:
                 output = _local_gemm(self, input_parallel, weight, bias)
             else:
@@ -275,13 +278,6 @@ class ColumnParallelLinear(torch.nn.Module):
         if gather:
             output = gather_from_tensor_model_parallel_region(output, self.output_size, group=self.tp_group)
         return output, (self.bias if self.skip_bias_add else None)
-
-    def parallel_input(self, input_: torch.Tensor) -> torch.Tensor:
-        """The input of this rank's GEMM: gathered along the sequence (sequence parallelism), else the input
-        itself, whose gradient is all-reduced over TP."""
-        if self.sequence_parallel:
-            return gather_from_sequence_parallel_region(input_, group=self.tp_group)
-        return copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -350,19 +346,15 @@ class RowParallelLinear(torch.nn.Module):
             )
         else:
             output = _local_gemm(self, input_parallel, self.weight, self.bias if fuse_bias else None)
-            output = self.reduce_output(output)
+            if self.sequence_parallel:
+                output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
+            else:
+                output = reduce_from_tensor_model_parallel_region(output, group=self.tp_group)
         if self.skip_bias_add:
             return output, self.bias
         if self.bias is not None and not fuse_bias:
             output = output + self.bias
         return output, None
-
-    def reduce_output(self, output: torch.Tensor) -> torch.Tensor:
-        """This rank's partial product summed over TP: reduce-scattered along the sequence (sequence
-        parallelism) or all-reduced."""
-        if self.sequence_parallel:
-            return reduce_scatter_to_sequence_parallel_region(output, group=self.tp_group)
-        return reduce_from_tensor_model_parallel_region(output, group=self.tp_group)
 
 
 class VocabParallelEmbedding(torch.nn.Module):

@@ -94,30 +94,8 @@ class MLP(MegatronModule):
         return self.activation_func(intermediate)
 
     def _forward(self, hidden_states: torch.Tensor):
-        if self._fuses_fp8_swiglu(hidden_states):
-            return self._fp8_swiglu_forward(hidden_states)
         intermediate, bias = self.linear_fc1(hidden_states)  # [s, b, f/p] or [s, b, 2f/p]
         return self.linear_fc2(self._activation(intermediate, bias))
-
-    def _fuses_fp8_swiglu(self, hidden_states: torch.Tensor) -> bool:
-        """Whether fc1 -> SwiGLU -> fc2 run as one FP8 function (both GEMMs in FP8, fused SwiGLU, no fc1 bias)."""
-        fc1, fc2 = self.linear_fc1, self.linear_fc2
-        if (getattr(fc1, "fp8", None) is None or getattr(fc2, "fp8", None) is None
-                or self.fused_activation is not bias_swiglu_impl or fc1.bias is not None):
-            return False
-        from megatron.core.fp8.linear import fuses_glu_mlp  # loads torch._dynamo: FP8 runs only (layers.py)
-
-        return fuses_glu_mlp(hidden_states, fc1.fp8, fc2.fp8)
-
-    def _fp8_swiglu_forward(self, hidden_states: torch.Tensor):
-        """The FP8 fc1 -> SwiGLU -> fc2 of this rank between fc1's input collective and fc2's reduction:
-        neither the activation nor the fc1 output's gradient is written in bf16 (fp8/linear.py)."""
-        from megatron.core.fp8.linear import fp8_glu_mlp
-
-        fc1, fc2 = self.linear_fc1, self.linear_fc2
-        output = fp8_glu_mlp(fc1.parallel_input(hidden_states), fc1.weight, fc2.weight, fc1.fp8, fc2.fp8,
-                             self.config.gradient_accumulation_fusion)
-        return fc2.reduce_output(output), fc2.bias
 
     def forward(self, hidden_states: torch.Tensor):
         if self.recompute_mlp and self.training:

@@ -7,11 +7,6 @@ file again in a subprocess with TRITON_INTERPRET=1 (read when Triton is imported
 must equal the reference bit for bit: q, the zero-padded q^T, the amax folded into a running amax (NaN and
 inf included) and 1 / scale; fp8_linear's outputs, gradients and scaling state over two steps of two
 microbatches. The weight tests run in both processes (eager functions here, the kernel there).
-
-The SwiGLU kernels (the activation and the fc1 output's gradient computed while quantizing) are held to the
-bf16 SwiGLU computed in fp32 and rounded once (what the compiled bias-SwiGLU gives), quantized by the
-reference functions: equal but for the rare element whose bf16 rounding moves with a last-place difference
-of the fp32 sigmoid; the MLP that runs them (`fp8_glu_mlp`) to the two FP8 linears around that SwiGLU.
 """
 
 import importlib.util
@@ -21,18 +16,12 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from megatron.core.fp8 import fp8_linear, update_fp8_scaling
 from megatron.core.fp8.quantize import quantize_transposed, quantize_with_amax_and_transpose, saturating_cast
 from megatron.core.fp8.scaling import INPUT, WEIGHT, Fp8Scaling, load_fp8_extra_state
 from megatron.core.fp8 import triton_quantize
-from megatron.core.fp8.triton_quantize import quantize_fused, quantize_swiglu, quantize_swiglu_gradient
-from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl as compiled_bias_swiglu
-from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_reference
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.fp8.triton_quantize import quantize_fused
 from tests.unit_tests.fp8.test_fp8_linear import _inputs, _scaling, check_against_reference
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -227,98 +216,3 @@ def test_loading_a_checkpoint_drops_the_quantized_weight():
     assert layer.fp8._weight is not None
     layer.load_state_dict({"weight": torch.zeros(16, 32)})
     assert layer.fp8._weight is None
-
-
-def _swiglu_gradient(grad, gate, up):
-    sigmoid = torch.sigmoid(gate)
-    return torch.cat([grad * up * sigmoid * (1 + gate * (1 - sigmoid)), grad * gate * sigmoid], dim=-1)
-
-
-def _swiglu_bf16(intermediate, bias=None):
-    """silu(gate) * up in fp32, rounded once to bf16: the compiled bias-SwiGLU's result."""
-    gate, up = intermediate.float().chunk(2, dim=-1)
-    return (F.silu(gate) * up).bfloat16()
-
-
-def test_the_kernels_swiglu_gradient_is_autograds():
-    generator = torch.Generator().manual_seed(4)
-    intermediate = (3 * torch.randn(6, 40, generator=generator, dtype=torch.float64)).requires_grad_()
-    grad = torch.randn(6, 20, generator=generator, dtype=torch.float64)
-    bias_swiglu_reference(intermediate, None).backward(grad)
-    torch.testing.assert_close(_swiglu_gradient(grad, *intermediate.detach().chunk(2, dim=-1)), intermediate.grad,
-                               rtol=1e-12, atol=1e-12)
-
-
-@in_interpreter
-@pytest.mark.parametrize("rows, features", [(5, 16), (37, 48), (70, 80)])
-@pytest.mark.parametrize("dtype", [E4M3, E5M2])
-def test_swiglu_kernels_quantize_the_bf16_swiglu_and_its_gradient(rows, features, dtype):
-    generator = torch.Generator().manual_seed(rows)
-    intermediate = (3 * torch.randn(rows, 2 * features, generator=generator)).bfloat16()
-    grad = torch.randn(rows, features, generator=generator).bfloat16()
-    gate, up = intermediate.float().chunk(2, dim=-1)
-    cases = [(quantize_swiglu, (intermediate,), _swiglu_bf16(intermediate)),
-             (quantize_swiglu_gradient, (grad, intermediate), _swiglu_gradient(grad.float(), gate, up).bfloat16())]
-    scale = torch.tensor(30.0)
-    for kernel, operands, expected in cases:
-        data, transposed, scale_inv, amax = quantize_with_amax_and_transpose(expected, scale, dtype)
-        ours_inv, running = torch.empty(()), torch.tensor(0.25)
-        q, qt = kernel(*operands, scale, ours_inv, dtype, transpose_padding=16, amax=running)
-        assert q.shape == data.shape and qt.shape == transposed.shape
-        assert (_bits(q) != _bits(data)).sum() <= q.numel() // 1000, kernel.__name__
-        assert torch.equal(_bits(qt), _bits(torch.nn.functional.pad(q.t(), (0, -rows % 16)).contiguous()))
-        torch.testing.assert_close(running, amax, rtol=2**-7, atol=0)
-        assert torch.equal(ours_inv, scale_inv)
-
-
-def _glu_mlp(fusion: bool, hidden: int, ffn: int, device: str) -> MLP:
-    torch.manual_seed(5)
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=4,
-                               gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=True,
-                               add_bias_linear=False, bf16=True, params_dtype=torch.bfloat16, fp8="hybrid",
-                               use_cpu_initialization=True, gradient_accumulation_fusion=fusion)
-    mlp = MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)).to(device)
-    for layer in (mlp.linear_fc1, mlp.linear_fc2):
-        layer.fp8 = _scaling("hybrid", "delayed", True, device)
-        if fusion:
-            layer.weight.main_grad = torch.zeros(layer.weight.shape, device=device)
-            layer.weight.grad_added_to_main_grad = False
-    return mlp
-
-
-def _mlp_steps(fused: bool, fusion: bool, monkeypatch, tokens=(3, 5), hidden=32, ffn=48, device="cpu") -> list:
-    """Outputs and input gradients of two steps of two microbatches, then the weight gradients and both
-    scaling states; `fused` False runs the two FP8 linears around the compiled SwiGLU (on the CPU: its
-    arithmetic, fp32 rounded once to bf16)."""
-    mlp = _glu_mlp(fusion, hidden, ffn, device)
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return quantize_swiglu(*args, **kwargs)
-
-    monkeypatch.setattr("megatron.core.fp8.scaling.quantize_swiglu", counted)
-    if not fused:
-        mlp.fused_activation = _swiglu_bf16 if device == "cpu" else compiled_bias_swiglu
-    x, _, _, dy = _inputs(tokens, hidden, hidden, seed=2, device=device)
-    results = []
-    for _ in range(2):
-        for microbatch in range(2):
-            inputs = (x * (microbatch + 1)).requires_grad_()
-            output, bias = mlp(inputs)
-            output.backward(dy)
-            results += [output, inputs.grad]
-        update_fp8_scaling([mlp.linear_fc1.fp8, mlp.linear_fc2.fp8])
-    assert bias is None and len(calls) == (4 if fused else 0)
-    gradients = [layer.weight.main_grad if fusion else layer.weight.grad for layer in (mlp.linear_fc1, mlp.linear_fc2)]
-    return results + gradients + [mlp.linear_fc1.fp8.meta, mlp.linear_fc2.fp8.meta]
-
-
-@in_interpreter
-@pytest.mark.parametrize("fusion", [False, True])
-def test_fp8_glu_mlp_equals_the_two_fp8_linears_around_the_swiglu(fusion, monkeypatch):
-    """Bit for bit on these inputs (no last-place difference of the sigmoid moves a rounding here)."""
-    fused, separate = _mlp_steps(True, fusion, monkeypatch), _mlp_steps(False, fusion, monkeypatch)
-    for ours, theirs in zip(fused, separate):
-        ours, theirs = ours.detach().float(), theirs.detach().float()
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
