@@ -41,6 +41,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.core.datasets.rank_logging import global_rank
+
 logger = logging.getLogger(__name__)
 
 EXIT_CODE_RESUME_TO_DISAMBIGUATE = 16
@@ -89,10 +91,6 @@ class Call(NamedTuple):
     sequence: int
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def _device_name() -> str:
     return str(torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
 
@@ -137,7 +135,7 @@ class RerunErrorInjector:
         rate = self.error_injection_rate
         if rate == 0 or self.injected_error_type is not None:
             return False
-        if (random.randint(0, rate - 1) + _rank()) % rate != 0:
+        if (random.randint(0, rate - 1) + global_rank()) % rate != 0:
             return False
         self.injected_error_type = self.error_injection_type
         logger.warning(f"Injecting error type {self._NAMES[self.error_injection_type]}")
@@ -258,7 +256,7 @@ class RerunStateMachine:
             if self.mode == RerunMode.DISABLED or not _reduce_any([self.rerun_requested])[0]:
                 self.state = RerunState.NOT_RUNNING_YET
                 return False
-            if _rank() == 0:
+            if global_rank() == 0:
                 logger.warning("Need to rerun step to check reproducibility of initial result")
             self.state = RerunState.RERUNNING_IN_PLACE
             self._rewind(iterators)
@@ -266,7 +264,7 @@ class RerunStateMachine:
         if self.state == RerunState.RERUNNING_IN_PLACE:
             will_continue, will_checkpoint = _reduce_any([self.continue_requested, self.checkpoint_requested])
             if will_continue:
-                if _rank() == 0:
+                if global_rank() == 0:
                     logger.warning("Continuing normal execution because failed validation was not fatal")
                 self.state = RerunState.NOT_RUNNING_YET
                 return False
@@ -286,10 +284,10 @@ class RerunStateMachine:
             return False, False, 0
         state, self.state = self.state, RerunState.NOT_RUNNING_YET
         if state == RerunState.RERUNNING_IN_PLACE:
-            if _rank() == 0:
+            if global_rank() == 0:
                 logger.warning("Exiting now. The job can be resumed from a previous checkpoint")
             return False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION
-        if _rank() == 0:
+        if global_rank() == 0:
             logger.warning("Saving a checkpoint and exiting now. Please resume the job from the checkpoint to "
                            "rerun the last iteration and establish a diagnostic")
         return True, True, EXIT_CODE_RESUME_TO_DISAMBIGUATE
@@ -303,7 +301,7 @@ class RerunStateMachine:
         the job on an unexpected value, else continue once it is attributed.
 
         Disabled: a rejected value raises RuntimeError when fatal and is logged otherwise."""
-        where = f"Rank {_rank()}, node {os.uname()[1]}, device {_device_name()}"
+        where = f"Rank {global_rank()}, node {os.uname()[1]}, device {_device_name()}"
         if self.mode == RerunMode.DISABLED:
             if bool(rejection_func(result)):
                 text = (f"{where}, iteration {self.current_iteration + 1}: Unexpected result {result} "
@@ -315,12 +313,12 @@ class RerunStateMachine:
         if self.state == RerunState.NOT_RUNNING_YET:
             raise RuntimeError("validate_result is called outside the forward-backward pass of a training "
                                "iteration (should_run_forward_backward)")
-        caller = Caller(message, _rank())
+        caller = Caller(message, global_rank())
         self.validation_counts[caller] = self.validation_counts.get(caller, 0) + 1
         call = Call(caller, self.validation_counts[caller])
         if not self.logged_validation_enabled:
             self.logged_validation_enabled = True
-            if _rank() == 0:
+            if global_rank() == 0:
                 logger.warning("Result validation enabled")
 
         def log_failure(text: str) -> None:
@@ -333,7 +331,7 @@ class RerunStateMachine:
             if self.error_injector.maybe_inject() or bool(rejection_func(result)):
                 self.failed_validation_call, self.initial_result = call, result
                 self.rerun_requested = True
-                logger.error(f"Unexpected result {result} on rank {_rank()} at iteration "
+                logger.error(f"Unexpected result {result} on rank {global_rank()} at iteration "
                              f"#{self.current_iteration + 1} invocation #{call.sequence} (message='{message}')")
         elif self.state == RerunState.RERUNNING_IN_PLACE and call == self.failed_validation_call:
             comparison = self.error_injector.maybe_miscompare(comparison_func or compare_floats,

@@ -22,6 +22,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from megatron.core.datasets.rank_logging import global_rank
+
 LOG_OPTIONS = ("max", "minmax", "all")
 MAX_LOG_LEVEL = 2
 
@@ -227,8 +229,7 @@ class Timers:
         report = self.get_all_timers_string(names, normalizer, reset, barrier)
         if rank is None:
             rank = dist.get_world_size() - 1 if dist.is_initialized() else 0
-        this_rank = dist.get_rank() if dist.is_initialized() else 0
-        if report is not None and rank == this_rank:
+        if report is not None and rank == global_rank():
             print(report, flush=True)
 
     def write(

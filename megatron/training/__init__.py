@@ -6,7 +6,9 @@ importing any module of this package runs this file first, and the checkpoint co
 code or a GPU library.
 """
 
-_LAZY = {
+from megatron.core.lazy_names import lazy_names
+
+__getattr__ = lazy_names(__name__, {
     "get_args": "megatron.training.global_vars",
     "get_tokenizer": "megatron.training.global_vars",
     "get_timers": "megatron.training.global_vars",
@@ -17,12 +19,4 @@ _LAZY = {
     "is_last_rank": "megatron.training.console",
     "initialize_megatron": "megatron.training.initialize",
     "pretrain": "megatron.training.training",
-}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'megatron.training' has no attribute {name!r}")
+})

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
+from megatron.core.datasets.rank_logging import global_rank
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class ParallelLayout:
         """The layout `initialize_model_parallel` set up (collective-free: reads the groups' sizes and ranks)."""
         return cls(
             world_size=dist.get_world_size() if dist.is_initialized() else 1,
-            rank=dist.get_rank() if dist.is_initialized() else 0,
+            rank=global_rank(),
             tensor_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
             tensor_parallel_rank=parallel_state.get_tensor_model_parallel_rank(),
             pipeline_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),

@@ -26,8 +26,8 @@ import time
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
+from megatron.core.datasets.rank_logging import global_rank
 from megatron.training.console import print_rank_0
 
 # Kernel-name fragments of each class, first match wins (cuBLAS/cuBLASLt/CUTLASS GEMMs, SDPA's flash,
@@ -85,13 +85,9 @@ def top_kernels(prof, steps: int, limit: int = 40) -> str:
     return "\n".join(["  ms/step  launches  class     kernel", *lines])
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def profiles_this_rank(args) -> bool:
     """--profile-ranks, with an empty list meaning every rank (Megatron's default)."""
-    return not args.profile_ranks or _rank() in args.profile_ranks
+    return not args.profile_ranks or global_rank() in args.profile_ranks
 
 
 def start_memory_history(args) -> None:
@@ -103,7 +99,7 @@ def start_memory_history(args) -> None:
 
     def dump_on_oom(device, alloc, device_alloc, device_free):
         torch.cuda.memory._dump_snapshot(path)
-        print(f"[out of memory] rank {_rank()} wrote its memory snapshot to {path}", flush=True)
+        print(f"[out of memory] rank {global_rank()} wrote its memory snapshot to {path}", flush=True)
 
     torch._C._cuda_attach_out_of_memory_observer(dump_on_oom)
     print_rank_0(f"recording CUDA memory history; snapshots go to {_snapshot_path(args, '')}")
@@ -117,7 +113,7 @@ def dump_memory_snapshot(args) -> None:
 
 def _snapshot_path(args, infix: str) -> str:
     base, extension = os.path.splitext(args.memory_snapshot_path)
-    return f"{base}_{infix}{_rank()}{extension}"
+    return f"{base}_{infix}{global_rank()}{extension}"
 
 
 def empty_unused_memory(args, level: int) -> None:
@@ -201,10 +197,10 @@ class LoopInstrumentation:
         directory = os.path.join(os.path.dirname(os.path.abspath(self.args.tensorboard_dir)), "torch_profile") \
             if self.args.tensorboard_dir else os.path.abspath("torch_profile")
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"rank-{_rank()}.json.gz")
+        path = os.path.join(directory, f"rank-{global_rank()}.json.gz")
         self.torch_profiler.export_chrome_trace(path)
-        with open(os.path.join(directory, f"rank-{_rank()}.kernels.txt"), "w") as table:
+        with open(os.path.join(directory, f"rank-{global_rank()}.kernels.txt"), "w") as table:
             table.write(top_kernels(self.torch_profiler, steps) + "\n")
-        title = f"profile of iterations {self.args.profile_step_start}-{self.args.profile_step_end - 1}, rank {_rank()}"
+        title = f"profile of iterations {self.args.profile_step_start}-{self.args.profile_step_end - 1}, rank {global_rank()}"
         print(f"{summarize_kernels(self.torch_profiler, steps, wall_ms / steps, title)}; trace: {path}", flush=True)
         self.torch_profiler = None

@@ -13,18 +13,12 @@ torch_dist`), built on `torch.distributed.checkpoint`, with Megatron-Core's name
 """
 
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
+from megatron.core.lazy_names import lazy_names
 
 # serialization.py's names on first use: it loads torch.distributed.checkpoint (over a second of start-up), which
 # a run that writes and reads no torch_dist checkpoint does not need.
 _SERIALIZATION = ("is_distributed_checkpoint", "load", "load_common_state_dict", "save", "saved_keys")
-
-
-def __getattr__(name):
-    if name in _SERIALIZATION:
-        from megatron.core.dist_checkpointing import serialization
-
-        return getattr(serialization, name)
-    raise AttributeError(f"module 'megatron.core.dist_checkpointing' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, dict.fromkeys(_SERIALIZATION, ".serialization"))
 
 
 __all__ = [

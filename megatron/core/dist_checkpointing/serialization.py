@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.core.atomic_write import write_atomically
+from megatron.core.datasets.rank_logging import global_rank
 from megatron.core.dist_checkpointing.async_save import AsyncSaveRequest
 from megatron.core.dist_checkpointing.dcp_planners import ShardedLoadPlanner, ShardedSavePlanner, TensorBox
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
@@ -117,8 +118,7 @@ def is_distributed_checkpoint(checkpoint_dir) -> bool:
 
 def _common_object(common: dict) -> ShardedObject:
     """The common part as Megatron-Core stores it: one object, written by rank 0."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return ShardedObject(COMMON_STATE_KEY, common, (1,), (0,), replica_id=rank)
+    return ShardedObject(COMMON_STATE_KEY, common, (1,), (0,), replica_id=global_rank())
 
 
 def _write(checkpoint_dir, boxes, objects, process_group) -> None:

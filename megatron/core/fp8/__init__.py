@@ -18,15 +18,10 @@ scales and drops the step's quantized weights, so that the next forward quantize
 from megatron.core.fp8.params import is_fp8_param, store_weight_in_fp8
 from megatron.core.fp8.recipe import Fp8Recipe, fp8_config_problems, layer_runs_in_fp8
 from megatron.core.fp8.scaling import Fp8Scaling, update_fp8_scaling
+from megatron.core.lazy_names import lazy_names
 
-
-def __getattr__(name):
-    """`fp8_linear` on first use: linear.py loads torch._dynamo, which a run without FP8 does not need."""
-    if name == "fp8_linear":
-        from megatron.core.fp8.linear import fp8_linear
-
-        return fp8_linear
-    raise AttributeError(f"module 'megatron.core.fp8' has no attribute {name!r}")
+# linear.py loads torch._dynamo, which a run without FP8 does not need.
+__getattr__ = lazy_names(__name__, {"fp8_linear": ".linear"})
 
 
 __all__ = ["Fp8Recipe", "Fp8Scaling", "fp8_config_problems", "fp8_linear", "is_fp8_param", "layer_runs_in_fp8",

@@ -11,24 +11,17 @@ every problem at once; config_file.py reads `--config-file`; core_configs.py con
 `TransformerConfig`, `OptimizerConfig` and `DistributedDataParallelConfig`.
 """
 
-import importlib
-
+from megatron.core.lazy_names import lazy_names
 from megatron.training.arguments.parser import add_megatron_arguments, build_parser, parse_args
 
 # validation.py and core_configs.py import megatron.core (the transformer, optimizer and context-parallel
 # packages); they are loaded on first use, so that the checkpoint tools read arguments without model code.
-_LAZY = {
-    "validate_args": "validation",
-    "core_transformer_config_from_args": "core_configs",
-    "ddp_config_from_args": "core_configs",
-    "optimizer_config_from_args": "core_configs",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {
+    "validate_args": ".validation",
+    "core_transformer_config_from_args": ".core_configs",
+    "ddp_config_from_args": ".core_configs",
+    "optimizer_config_from_args": ".core_configs",
+})
 
 
 __all__ = [

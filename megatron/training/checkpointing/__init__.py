@@ -38,28 +38,23 @@ modules of this package to read and write checkpoint files on a CPU, and must no
 the optimizers or a GPU library that saving and loading a training run need.
 """
 
+from megatron.core.lazy_names import lazy_names
+
 _PUBLIC = {
-    "check_checkpoint_args": "checkpoint_args",
-    "load_args_from_checkpoint": "checkpoint_args",
-    "load_checkpoint_file": "files",
-    "checkpoint_exists": "layout",
-    "ensure_directory_exists": "layout",
-    "find_checkpoint_rank_0": "layout",
-    "get_checkpoint_name": "layout",
-    "get_checkpoint_tracker_filename": "layout",
-    "read_metadata": "layout",
-    "load_checkpoint": "loading",
-    "get_rng_state": "rng",
-    "save_checkpoint": "saving",
-    "generate_state_dict": "state_dict",
+    "check_checkpoint_args": ".checkpoint_args",
+    "load_args_from_checkpoint": ".checkpoint_args",
+    "load_checkpoint_file": ".files",
+    "checkpoint_exists": ".layout",
+    "ensure_directory_exists": ".layout",
+    "find_checkpoint_rank_0": ".layout",
+    "get_checkpoint_name": ".layout",
+    "get_checkpoint_tracker_filename": ".layout",
+    "read_metadata": ".layout",
+    "load_checkpoint": ".loading",
+    "get_rng_state": ".rng",
+    "save_checkpoint": ".saving",
+    "generate_state_dict": ".state_dict",
 }
 
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name):
-    if name in _PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _PUBLIC)

@@ -12,6 +12,7 @@ import re
 import torch
 import torch.distributed as dist
 
+from megatron.core.datasets.rank_logging import global_rank
 from megatron.core.parallel_state import collective_device
 from megatron.training.checkpointing.files import load_checkpoint_file
 from megatron.training.checkpointing.layout import get_checkpoint_name
@@ -52,7 +53,7 @@ def load_latest_intact(load_dir, iteration: int):
             return state_dict, checkpoint_name, candidate
         first_error = first_error or error
         if error is not None:
-            print(f"WARNING: rank {dist.get_rank() if dist.is_initialized() else 0}: checkpoint of iteration "
+            print(f"WARNING: rank {global_rank()}: checkpoint of iteration "
                   f"{candidate} failed its integrity check: {error}", flush=True)
         print_rank_0(f"WARNING: checkpoint iteration {candidate} in {load_dir} is damaged on rank(s) {failed}; "
                      "skipping it")
