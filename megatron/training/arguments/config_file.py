@@ -11,8 +11,6 @@ import argparse
 import difflib
 import os
 
-import yaml
-
 CONFIG_FILE_FLAG = "--config-file"
 
 
