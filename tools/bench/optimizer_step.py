@@ -63,6 +63,26 @@ def milliseconds(step, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
+def torch_step_ms(shapes, grad_scale) -> float:
+    """torch's fused AdamW step, then the copy into the bf16 model params."""
+    main, model, optimizer = build(shapes, 0)
+
+    def step():
+        optimizer.grad_scale = grad_scale
+        optimizer.step()
+        torch._foreach_copy_(model, main)
+
+    return milliseconds(step)
+
+
+def fused_step_ms(shapes, grad_scale, **options) -> float:
+    """The Triton AdamW (with the copy) built with `options`; its tensors are freed when this returns."""
+    main, model, optimizer = build(shapes, 0)
+    fused = FusedAdamW(optimizer, **options)
+    model_of = dict(zip(main, model))
+    return milliseconds(lambda: fused.step(model_of, grad_scale))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -77,29 +97,12 @@ def main() -> int:
         numel = sum(torch.Size(shape).numel() for shape in shapes)
         grad_scale = torch.tensor([1.5], device="cuda")
 
-        main, model, optimizer = build(shapes, 0)
-
-        def torch_step():
-            optimizer.grad_scale = grad_scale
-            optimizer.step()
-            torch._foreach_copy_(model, main)
-
-        torch_ms = milliseconds(torch_step)
-        del main, model, optimizer
+        torch_ms = torch_step_ms(shapes, grad_scale)
         torch.cuda.empty_cache()
-
-        main, model, optimizer = build(shapes, 0)
-        fused = FusedAdamW(optimizer)
-        model_of = dict(zip(main, model))
-        fused_ms = milliseconds(lambda: fused.step(model_of, grad_scale))
-        del main, model, optimizer, fused, model_of
+        fused_ms = fused_step_ms(shapes, grad_scale)
         torch.cuda.empty_cache()
-
-        main, model, optimizer = build(shapes, 0)
-        fused = FusedAdamW(optimizer, exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)
-        model_of = dict(zip(main, model))
-        bf16_moments_ms = milliseconds(lambda: fused.step(model_of, grad_scale))
-        del main, model, optimizer, fused, model_of
+        bf16_moments_ms = fused_step_ms(shapes, grad_scale, exp_avg_dtype=torch.bfloat16,
+                                        exp_avg_sq_dtype=torch.bfloat16)
         torch.cuda.empty_cache()
 
         def bandwidth(ms, bytes_per_param):
@@ -109,13 +112,9 @@ def main() -> int:
                     f"{fused_ms:.1f} ms ({bandwidth(fused_ms, 30)}) | {torch_ms / fused_ms:.2f}x | "
                     f"{bf16_moments_ms:.1f} ms ({bandwidth(bf16_moments_ms, 22)}) |")
         for block, warps in sweep:
-            main, model, optimizer = build(shapes, 0)
-            fused = FusedAdamW(optimizer, block_size=block, num_warps=warps)
-            model_of = dict(zip(main, model))
-            swept_ms = milliseconds(lambda: fused.step(model_of, grad_scale))
+            swept_ms = fused_step_ms(shapes, grad_scale, block_size=block, num_warps=warps)
             rows.append(f"| {name}, block {block}, {warps} warps | | | {swept_ms:.1f} ms "
                         f"({bandwidth(swept_ms, 30)}) | | |")
-            del main, model, optimizer, fused, model_of
             torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("\n".join(rows))
