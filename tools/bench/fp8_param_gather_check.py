@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from parallel_gpu_check import MOCK, last, losses, train  # noqa: E402
+from parallel_gpu_check import last, losses, train  # noqa: E402
 
 MODEL = ["--num-layers", "8", "--hidden-size", "2048", "--ffn-hidden-size", "7168", "--num-attention-heads", "16",
          "--group-query-attention", "--num-query-groups", "4", "--swiglu", "--normalization", "RMSNorm",

@@ -62,6 +62,32 @@ def _time_ms(step, iterations: int) -> float:
     return start.elapsed_time(end) / iterations
 
 
+def _measure(name, experts, hidden, ffn, tokens, options, generator) -> None:
+    """Prints one row: the loop over experts against torch._grouped_mm, forward + backward."""
+    module = _experts(experts, hidden, ffn)
+    rows = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    counts = _tokens_per_expert(tokens, experts, options.imbalance, generator)
+    upstream = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    if not grouped_mm_supported(rows, module.linear_fc1.weights()):
+        print(f"{name:<30} torch._grouped_mm is not available here (needs compute capability >= 9.0)")
+        return
+    outputs = {}
+
+    def step(grouped: bool):
+        module.use_grouped_mm = grouped
+        output = module(rows, counts)
+        output.backward(upstream)
+        outputs[grouped] = output.detach()
+
+    loop_ms = _time_ms(lambda: step(False), options.iterations)
+    grouped_ms = _time_ms(lambda: step(True), options.iterations)
+    flops = 18 * tokens * hidden * ffn
+    difference = (outputs[True].float() - outputs[False].float()).abs().max().item()
+    print(f"{name:<30} {experts:>3} {hidden:>5} {ffn:>6} {tokens:>6} {loop_ms:>8.2f} {grouped_ms:>10.2f} "
+          f"{loop_ms / grouped_ms:>6.2f}x {flops / loop_ms / 1e9:>9.0f} {flops / grouped_ms / 1e9:>8.0f} "
+          f"{difference:>10.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
@@ -76,30 +102,8 @@ def main() -> None:
              f"{'speedup':>7} {'loop TF/s':>9} {'grp TF/s':>8} {'max |diff|':>10}"
     print(header)
     print("-" * len(header))
-    for name, experts, hidden, ffn, tokens in SHAPES:
-        module = _experts(experts, hidden, ffn)
-        rows = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        counts = _tokens_per_expert(tokens, experts, options.imbalance, generator)
-        upstream = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-        if not grouped_mm_supported(rows, module.linear_fc1.weights()):
-            print(f"{name:<30} torch._grouped_mm is not available here (needs compute capability >= 9.0)")
-            continue
-        outputs = {}
-
-        def step(grouped: bool):
-            module.use_grouped_mm = grouped
-            output = module(rows, counts)
-            output.backward(upstream)
-            outputs[grouped] = output.detach()
-
-        loop_ms = _time_ms(lambda: step(False), options.iterations)
-        grouped_ms = _time_ms(lambda: step(True), options.iterations)
-        flops = 18 * tokens * hidden * ffn
-        difference = (outputs[True].float() - outputs[False].float()).abs().max().item()
-        print(f"{name:<30} {experts:>3} {hidden:>5} {ffn:>6} {tokens:>6} {loop_ms:>8.2f} {grouped_ms:>10.2f} "
-              f"{loop_ms / grouped_ms:>6.2f}x {flops / loop_ms / 1e9:>9.0f} {flops / grouped_ms / 1e9:>8.0f} "
-              f"{difference:>10.2e}")
-        del module, rows, upstream
+    for shape in SHAPES:
+        _measure(*shape, options, generator)
         torch.cuda.empty_cache()
 
 
