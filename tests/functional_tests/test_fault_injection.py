@@ -19,21 +19,15 @@ must equal an uninterrupted run's exactly: same data order, weights, optimizer s
 
 import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 
 import numpy as np
 import pytest
 
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from .harness import ROOT, read_scalars
+from .harness import Job, read_scalars
 
 TRAIN_ITERS = 10
-JOB_TIMEOUT_S, SURVIVOR_GRACE_S = 180, 60
 MODEL = [
     "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
     "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -41,12 +35,6 @@ MODEL = [
     "--eval-iters", "0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--num-workers", "0",
     "--seed", "1234", "--split", "100,0,0", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
 ]
-
-
-def _free_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 def _write_dataset(prefix: str) -> str:
@@ -58,61 +46,6 @@ def _write_dataset(prefix: str) -> str:
         builder.add_document(document, [len(document)])
     builder.finalize(prefix + ".idx")
     return prefix
-
-
-def _environment(fault: str | None) -> dict:
-    environment = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    if fault:
-        environment["FAULT"] = fault
-    return environment
-
-
-class Job:
-    """Two ranks started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without the launcher
-    process, which costs a third Python start-up; `launcher=True` runs them under torchrun instead."""
-
-    def __init__(self, script: str, flags: list, fault: str | None = None, launcher: bool = False):
-        path = os.path.join(ROOT, script)
-        port = _free_port()
-        if launcher:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-                       path, *flags]
-            self.processes = [subprocess.Popen(command, cwd=ROOT, env=_environment(fault), stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, text=True)]
-            return
-        self.processes = []
-        for rank in (0, 1):
-            environment = dict(_environment(fault), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                               LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-            self.processes.append(subprocess.Popen([sys.executable, path, *flags], cwd=ROOT, env=environment,
-                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-
-    def wait(self, already_read: str = "") -> tuple[list, str]:
-        """(exit code of each process, their output). Once a rank has failed, the others get SURVIVOR_GRACE_S
-        to end on their own and are then killed, as torchrun's agent stops the rest of a job whose worker
-        failed: gloo usually reports a dead peer at once, but a survivor was once seen hanging instead (in
-        a full-suite run on 2 cores), and in a real job the launcher, not the survivor, ends it."""
-        outputs = [[] for _ in self.processes]
-        readers = [threading.Thread(target=lambda process=process, output=output: output.append(process.stdout.read()))
-                   for process, output in zip(self.processes, outputs)]
-        for reader in readers:
-            reader.start()
-        started, failed_at, timed_out = time.monotonic(), None, False
-        while any(process.poll() is None for process in self.processes):
-            now = time.monotonic()
-            if failed_at is None and any(process.returncode not in (None, 0) for process in self.processes):
-                failed_at = now
-            timed_out = now - started > JOB_TIMEOUT_S
-            if timed_out or (failed_at is not None and now - failed_at > SURVIVOR_GRACE_S):
-                for process in self.processes:
-                    if process.poll() is None:
-                        process.kill()
-            time.sleep(0.2)
-        for reader in readers:
-            reader.join()
-        output = already_read + "".join(text for text, in outputs)
-        assert not timed_out, f"ran past {JOB_TIMEOUT_S} s: {output[-3000:]}"
-        return [process.returncode for process in self.processes], output
 
 
 def _latest(save_dir) -> int:
@@ -144,15 +77,15 @@ def test_job_survives_every_fault_with_the_uninterrupted_loss_trajectory(tmp_pat
                    "--tensorboard-dir", str(tmp_path / "faulty")]
     entry = "tests/functional_tests/fault_injection_entry.py"
 
-    codes, output = Job(entry, job, "kill_mid_iteration:1:3").wait()
+    codes, output = Job(entry, job, {"FAULT": "kill_mid_iteration:1:3"}).wait()
     assert codes[1] == -signal.SIGKILL and codes[0] != 0 and _latest(save) == 2, output[-3000:]
 
-    codes, output = Job(entry, job, "nan_grad:1:4").wait()
+    codes, output = Job(entry, job, {"FAULT": "nan_grad:1:4"}).wait()
     assert _resumed_from(output) == 2 and codes == [17, 17], output[-3000:]
     assert "iteration 4: non-finite gradients on rank(s) [1] before the data-parallel reduction" in output
     assert _latest(save) == 3
 
-    codes, output = Job(entry, job, "kill_mid_save:0:4").wait()
+    codes, output = Job(entry, job, {"FAULT": "kill_mid_save:0:4"}).wait()
     assert codes[0] == -signal.SIGKILL and codes[1] != 0, output[-3000:]
     assert _resumed_from(output) == 3 and _latest(save) == 3, output[-3000:]
     assert not os.path.exists(os.path.join(save, "iter_0000004", "mp_rank_00", "model_optim_rng.pt"))
@@ -172,7 +105,7 @@ def test_job_survives_every_fault_with_the_uninterrupted_loss_trajectory(tmp_pat
     assert 5 <= signalled_at < TRAIN_ITERS, output[-3000:]
 
     next_save = (signalled_at // 2 + 1) * 2
-    codes, output = Job(entry, job, f"disk_full:0:{next_save}").wait()
+    codes, output = Job(entry, job, {"FAULT": f"disk_full:0:{next_save}"}).wait()
     assert codes[0] == 1 and codes[1] != 0 and _resumed_from(output) == signalled_at, output[-3000:]
     assert "No space left on device" in output and "is intact" in output
     assert _latest(save) == signalled_at

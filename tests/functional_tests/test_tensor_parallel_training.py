@@ -1,4 +1,4 @@
-"""pretrain_gpt.py under torchrun on CPU (gloo) with tensor and sequence parallelism, against TP=1.
+"""pretrain_gpt.py on CPU ranks (gloo, started as torchrun starts them) with tensor and sequence parallelism, against TP=1.
 
 Mock data, 2 layers, hidden 64, sequence 64, dropout 0 and `--use-cpu-initialization` (the same initial
 weights at every TP size; a vocabulary of 500 pads to 512 at TP 1, 2 and 4). A GPT-2-like model
@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from .harness import ROOT, read_scalars
+from .harness import ROOT, Job, read_scalars
 
 ITERATIONS = 5
 TOLERANCE = 2e-5
@@ -43,15 +43,19 @@ LLAMA = [
 
 
 def pretrain_gpt(processes: int, args: list[str], expect_failure: bool = False) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc-per-node N pretrain_gpt.py <args>` on the CPU;
-    one process runs as plain `python pretrain_gpt.py` (each launch costs seconds of start-up)."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else []
-    command = [sys.executable, *launcher, os.path.join(ROOT, "pretrain_gpt.py"), *args]
-    environment = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=environment)
+    """`python pretrain_gpt.py <args>` on the CPU; N > 1 processes are started as torchrun starts its ranks
+    (harness.Job: the environment torchrun sets, without the launcher's own seconds of start-up), their
+    output together in `stdout`."""
+    if processes > 1:
+        codes, output = Job("pretrain_gpt.py", args, processes=processes).wait(timeout_s=600)
+        result = subprocess.CompletedProcess(["pretrain_gpt.py", *args], next((c for c in codes if c), 0), output, "")
+    else:
+        command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *args]
+        environment = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=environment)
     if (result.returncode != 0) != expect_failure:
-        raise AssertionError(f"{' '.join(command)} exited with {result.returncode}\n"
-                             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(f"{processes} process(es) of pretrain_gpt.py {' '.join(args)} exited with "
+                             f"{result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
 
 
