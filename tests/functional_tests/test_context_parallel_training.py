@@ -1,4 +1,4 @@
-"""pretrain_gpt.py under torchrun on CPU (gloo) with context parallelism, against CP=1.
+"""pretrain_gpt.py on CPU ranks (gloo, started as torchrun starts them) with context parallelism, against CP=1.
 
 The command lines of test_tensor_parallel_training.py (mock data, 2 layers, hidden 64, sequence 64, dropout
 0, `--use-cpu-initialization`): a Llama-like model (RoPE, GQA, SwiGLU, RMSNorm) at CP=2 x TP=2 with

@@ -1,7 +1,8 @@
-"""pretrain_gpt.py with --ckpt-format torch_dist under torchrun on the CPU: a checkpoint saved at TP=2 x PP=2
-(4 processes, distributed optimizer with --dist-ckpt-optim-fully-reshardable, --async-save) resumes at TP=1 x
-PP=1 (plain optimizer) and TP=4 (distributed optimizer), and the resumed losses equal the uninterrupted run's
-(the load of the same kind of checkpoint at PP=4 is tests/unit_tests/dist_checkpointing/test_resharding.py's).
+"""pretrain_gpt.py with --ckpt-format torch_dist on CPU ranks (started as torchrun starts them): a checkpoint
+saved at TP=2 x PP=2 (4 processes, distributed optimizer with --dist-ckpt-optim-fully-reshardable,
+--async-save) resumes at TP=1 x PP=1 (plain optimizer) and TP=4 (distributed optimizer), and the resumed
+losses equal the uninterrupted run's (the load of the same kind of checkpoint at PP=4 is
+tests/unit_tests/dist_checkpointing/test_resharding.py's).
 
 A 4-layer GPT-2-like model (tied embeddings: the last stage's output copy is not stored), dropout 0,
 `--use-cpu-initialization`; a vocabulary of 500 pads to 512 at TP 1, 2 and 4. Tolerance as in the

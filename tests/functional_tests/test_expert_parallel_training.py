@@ -1,5 +1,5 @@
 """pretrain_gpt.py with Megatron's common MoE layout, expert TP below TP: TP=2 with sequence parallelism,
-expert TP 1, EP=2 (so DP=2 for dense params, expert-DP 2 for experts) on 4 CPU ranks under torchrun,
+expert TP 1, EP=2 (so DP=2 for dense params, expert-DP 2 for experts) on 4 CPU ranks (started as torchrun starts them),
 with the distributed optimizer and torch-format checkpoints, against one process at TP=1, EP=1.
 
 Tiny SwiGLU model, 4 experts top-2 with the all-to-all dispatcher, load-balancing and z losses, no dropout,

@@ -1,4 +1,5 @@
-"""pretrain_gpt.py under torchrun on CPU (gloo) with pipeline parallelism: checkpoints and exact resume.
+"""pretrain_gpt.py on CPU ranks (gloo, started as torchrun starts them) with pipeline parallelism:
+checkpoints and exact resume.
 
 A 4-layer GPT (tied embeddings, dropout on) on 2 pipeline stages, once with the 1F1B schedule and the
 distributed optimizer, once interleaved with 2 virtual stages of 1 layer per rank. Each run saves at

@@ -1,4 +1,5 @@
-"""pretrain_gpt.py on CPU ranks (gloo, started as torchrun starts them) with tensor and sequence parallelism, against TP=1.
+"""pretrain_gpt.py on CPU ranks (gloo, started as torchrun starts them) with tensor and sequence parallelism,
+against TP=1.
 
 Mock data, 2 layers, hidden 64, sequence 64, dropout 0 and `--use-cpu-initialization` (the same initial
 weights at every TP size; a vocabulary of 500 pads to 512 at TP 1, 2 and 4). A GPT-2-like model
