@@ -10,7 +10,6 @@ read with a stand-in `torchrun` on PATH and checked against the GPT-3 paper (Bro
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ import yaml
 
 from megatron.training.arguments import parse_args, validate_args
 
-from .harness import ROOT, read_scalars
+from .harness import ROOT, free_port, read_scalars
 
 PRETRAIN_GPT = os.path.join(ROOT, "pretrain_gpt.py")
 GPT3_SIZE_SCRIPTS = ["train_gpt3_125m.sh", "train_gpt3_350m.sh", "train_gpt3_1.3b.sh"]
@@ -39,12 +38,6 @@ TINY_LLAMA_OVERRIDES = TINY_OVERRIDES + [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _environment(**overrides) -> dict:
     """CPU only, one thread per rank, this interpreter's torchrun first on PATH, the repository importable."""
     python_bin = os.path.dirname(sys.executable)
@@ -53,7 +46,7 @@ def _environment(**overrides) -> dict:
         OMP_NUM_THREADS="1",
         CUDA_VISIBLE_DEVICES="",
         GPUS_PER_NODE="1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=free_port(),
         PATH=f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
     )

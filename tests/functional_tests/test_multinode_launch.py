@@ -5,11 +5,10 @@ batch as 4 microbatches (tolerance: fp32 reduction-order differences, rtol 1e-5)
 """
 
 import os
-import socket
 import subprocess
 import sys
 
-from .harness import ROOT, read_scalars, run
+from .harness import ROOT, free_port, read_scalars, run
 
 MODEL = [
     "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
@@ -20,14 +19,8 @@ MODEL = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_two_torchrun_launchers_train_as_one_job(tmp_path):
-    port = str(_free_port())
+    port = free_port()
     environment = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     launchers = []
     for node_rank in (0, 1):
